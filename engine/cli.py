@@ -1,0 +1,99 @@
+"""`python -m engine`: a thin front over the rooms of the engine.
+
+The recipe commands (list/show/render/preflight) live here because they are the fast path; every
+other command is delegated to the module that owns it and imported only when asked for, so that
+`render` and `preflight` never pay for torch, Ray or verl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+from engine.errors import UserError
+
+# command -> (module:function taking argv and returning an exit code, one-line help)
+DELEGATED: dict[str, tuple[str, str]] = {
+    "run": ("engine.launch:run_main", "launch a recipe through verl's main_ppo (progress, log, metrics)"),
+    "bench": ("engine.launch:bench_main", "time a run against the bare verl command (wall, peak RSS)"),
+    "assets": ("engine.assets:cli_main", "build the tiny offline model, tokenizer and data"),
+    "prepare-data": ("engine.data:cli_main", "write verl RL parquet (geo3k, gsm8k, synthetic) + manifest"),
+    "export": ("engine.export:cli_main", "export a checkpoint to verified Hugging Face safetensors"),
+    "provenance": ("engine.provenance:cli_main", "write or verify a run record"),
+    "rerun": ("engine.provenance:rerun_main", "re-launch a run from its provenance record"),
+    "verify-env": ("engine.pins:cli_main", "compare installed versions with the container pins"),
+}
+
+
+def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", help="recipe name (see `list`) or path to a YAML file")
+    parser.add_argument("--device", choices=["gpu", "npu", "cpu"], help="device profile (default: recipe's)")
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe field by dotted path, e.g. parallel.ep=4 (repeatable)",
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("list", help="recipes with one-line descriptions")
+    show = sub.add_parser("show", help="print the fully resolved recipe")
+    _add_recipe_args(show)
+    render = sub.add_parser("render", help="compile a recipe into verl's launch")
+    _add_recipe_args(render)
+    render.add_argument("--format", choices=["overrides", "script", "json"], default="overrides")
+    pre = sub.add_parser("preflight", help="check a plan before any allocation (exit 2 on problems)")
+    _add_recipe_args(pre)
+    pre.add_argument("--check-env", action="store_true", help="also check paths, imports and pins")
+    for name, (_, help_text) in DELEGATED.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def _delegate(target: str) -> Callable[[list[str]], int]:
+    module_name, func_name = target.split(":")
+    return getattr(importlib.import_module(module_name), func_name)
+
+
+def _recipe_command(args: argparse.Namespace) -> int:
+    from engine import plan, preflight, recipe
+
+    if args.command == "list":
+        for name, description in recipe.list_recipes():
+            print(f"{name:<22} {description}")
+        return 0
+    resolved = recipe.load(args.recipe, device=args.device, sets=args.sets)
+    if args.command == "show":
+        print(recipe.to_yaml(resolved), end="")
+        return 0
+    compiled = plan.compile_recipe(resolved)
+    if args.command == "render":
+        print(plan.render(compiled, args.format), end="")
+        return 0
+    problems = preflight.check(compiled, check_env=args.check_env)
+    for problem in problems:
+        print(f"preflight: {problem}", file=sys.stderr)
+    if problems:
+        return 2
+    print(f"preflight: ok ({resolved.name} on {resolved.cluster.device}, world size {compiled.world_size})")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in DELEGATED:
+            return _delegate(DELEGATED[argv[0]][0])(argv[1:])
+        return _recipe_command(_parser().parse_args(argv))
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130
