@@ -1,0 +1,347 @@
+"""Recipes: one YAML file describes one full run; device profiles layer the device defaults under it.
+
+Layering, lowest first: `recipes/profiles/<device>.yaml`, then the `extends:` chain (base first), then
+`--set` paths. Every field is typed; an unknown key anywhere is an error with a "did you mean".
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engine.errors import UserError
+
+Device = Literal["gpu", "npu", "cpu"]
+Scalar = str | int | float | bool | None
+HydraValue = Scalar | list[Any] | dict[str, Any]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Model(Section):
+    name: str = Field(description="model registry key (engine/models.py), e.g. Qwen3.5-35B-A3B")
+    path: str = Field(description="local directory of the Hugging Face checkpoint (~ and $VARS expand)")
+    use_remove_padding: bool = True
+    gradient_checkpointing: bool = False
+    attn_implementation: str | None = Field(None, description="override_config.attn_implementation")
+
+
+class Data(Section):
+    dataset: Literal["geo3k", "gsm8k", "synthetic"]
+    train_files: str
+    val_files: str
+    train_batch_size: int = Field(gt=0)
+    max_prompt_length: int = Field(gt=0)
+    max_response_length: int = Field(gt=0)
+    filter_overlong_prompts: bool = True
+    truncation: Literal["error", "left", "right", "middle"] = "error"
+    image_key: str | None = Field("images", description="column holding images; null for text-only data")
+    shuffle: bool = False
+    dataloader_num_workers: int | None = Field(None, ge=0)
+
+
+class Algorithm(Section):
+    adv_estimator: Literal["grpo", "gae", "rloo", "reinforce_plus_plus", "remax"] = "grpo"
+    use_kl_in_reward: bool = False
+
+
+class Optim(Section):
+    lr: float = Field(gt=0)
+    optimizer: str = "AdamW"
+
+
+class Actor(Section):
+    strategy: Literal["fsdp_turbo", "fsdp2", "fsdp"]
+    optim: Optim
+    ppo_mini_batch_size: int = Field(gt=0)
+    ppo_micro_batch_size_per_device: int = Field(gt=0)
+    use_kl_loss: bool = True
+    kl_loss_coef: float = 0.01
+    kl_loss_type: str = "low_var_kl"
+    entropy_coeff: float = 0
+    use_dynamic_bsz: bool = False
+    entropy_from_logits_with_chunking: bool = True
+    use_torch_compile: bool = False
+    reshard_after_forward: bool = True
+    entropy_checkpointing: bool = True
+    offload_policy: bool = True
+    param_offload: bool = True
+    optimizer_offload: bool = True
+
+
+class Ref(Section):
+    log_prob_micro_batch_size_per_device: int = Field(gt=0)
+    entropy_from_logits_with_chunking: bool = True
+    use_torch_compile: bool = False
+    reshard_after_forward: bool = True
+    offload_policy: bool = True
+    param_offload: bool = True
+
+
+class Rollout(Section):
+    name: Literal["vllm", "hf"] = "vllm"
+    n: int = Field(gt=0)
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    ignore_eos: bool = False
+    log_prob_micro_batch_size_per_device: int = Field(1, gt=0)
+    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: int = Field(8192, gt=0)
+    free_cache_engine: bool = True
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = False
+    update_weights_bucket_megabytes: int | None = Field(None, gt=0)
+    vllm_engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="+engine_kwargs.vllm.*")
+
+
+class Parallel(Section):
+    fsdp: int = Field(gt=0, description="FSDP shard group size (turbo fully_shard_parallel_size)")
+    ep: int = Field(1, gt=0, description="expert parallel size (MoE only)")
+    cp: int = Field(1, gt=0, description="context parallel size (Turbo Ulysses)")
+    rollout_tp: int = Field(1, gt=0, description="rollout tensor parallel size")
+    ep_dispatcher: Literal["eager", "fused", "mc2", "domino", "moonep"] = "eager"
+    verl_sp: int = Field(1, gt=0, description="verl's own Ulysses SP; must stay 1 with fsdp_turbo")
+
+
+class Turbo(Section):
+    recompute: bool = True
+
+
+class Cluster(Section):
+    device: Device
+    nodes: int = Field(1, gt=0)
+    devices_per_node: int = Field(gt=0)
+    device_memory_gib: float = Field(gt=0, description="memory of one accelerator, for the preflight estimate")
+
+
+class Trainer(Section):
+    project_name: str
+    experiment_name: str
+    total_epochs: int = Field(15, gt=0)
+    total_training_steps: int | None = Field(None, gt=0)
+    save_freq: int = Field(description="save every N steps (and at the last step); -1 never")
+    test_freq: int = -1
+    val_before_train: bool = False
+    balance_batch: bool = False
+    critic_warmup: int = 0
+    logger: list[str] = Field(default_factory=lambda: ["console"])
+    checkpoint_dir: str = Field(description="trainer.default_local_dir")
+    resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
+    max_actor_ckpt_to_keep: int | None = Field(None, gt=0)
+    save_hf_model: bool = Field(False, description="also save full HF weights in each checkpoint")
+
+
+class Reward(Section):
+    custom_function: str | None = Field(None, description="'module:function' used as verl's custom reward")
+
+
+class Recipe(Section):
+    name: str
+    description: str
+    devices: list[Device] = Field(min_length=1)
+    model: Model
+    data: Data
+    algorithm: Algorithm = Algorithm()
+    actor: Actor
+    ref: Ref
+    rollout: Rollout
+    parallel: Parallel
+    turbo: Turbo = Turbo()
+    cluster: Cluster
+    trainer: Trainer
+    reward: Reward = Reward()
+    env: dict[str, str] = Field(default_factory=dict, description="environment exports of the launch")
+    verl_overrides: dict[str, HydraValue] = Field(
+        default_factory=dict, description="extra verl keys, written with their Hydra prefix (+key, ++key)"
+    )
+
+
+# Fields whose values are free-form mappings: their sub-keys are data, not schema.
+_MAPPING_FIELDS = {"env", "verl_overrides", "vllm_engine_kwargs"}
+
+
+def recipe_dir() -> Path:
+    """Recipes ship beside the package in the repo; images point ENGINE_RECIPE_DIR at their copy."""
+    env = os.environ.get("ENGINE_RECIPE_DIR")
+    if env:
+        return Path(env)
+    beside = Path(__file__).resolve().parent.parent / "recipes"
+    return beside if beside.is_dir() else Path.cwd() / "recipes"
+
+
+def list_recipes() -> list[tuple[str, str]]:
+    rows = []
+    for path in sorted(recipe_dir().glob("*.yaml")):
+        raw = _read_yaml(path)
+        rows.append((path.stem, str(raw.get("description", "")).strip().splitlines()[0:1] or [""]))
+    return [(name, desc[0]) for name, desc in rows]
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: cannot read ({err.__class__.__name__})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or "malformed YAML"
+        raise UserError(f"{path}:{where}: {problem}; fix the YAML syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a recipe must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def _resolve_path(ref: str, relative_to: Path | None) -> Path:
+    if ref.endswith((".yaml", ".yml")) or "/" in ref:
+        path = Path(ref)
+        if not path.is_absolute() and relative_to is not None and not path.exists():
+            path = relative_to / path
+        return path
+    path = recipe_dir() / f"{ref}.yaml"
+    if not path.exists():
+        names = [p.stem for p in recipe_dir().glob("*.yaml")]
+        close = difflib.get_close_matches(ref, names, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else f"; known: {', '.join(sorted(names))}"
+        raise UserError(f"unknown recipe '{ref}'{hint}")
+    return path
+
+
+def _check_keys(data: dict[str, Any], model: type[BaseModel], source: str, prefix: str = "") -> None:
+    """Unknown keys fail here, per layer, so the error names the file that has the typo."""
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise UserError(f"{source}: key {key!r} under '{prefix or '<top>'}' must be a string")
+        fields = model.model_fields
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+            raise UserError(f"{source}: unknown key '{prefix}{key}'{hint}")
+        sub = _section_type(model, key)
+        if sub is not None and key not in _MAPPING_FIELDS:
+            if not isinstance(value, dict):
+                raise UserError(f"{source}: '{prefix}{key}' must be a mapping, got {type(value).__name__}")
+            _check_keys(value, sub, source, f"{prefix}{key}.")
+
+
+def _section_type(model: type[BaseModel], key: str) -> type[BaseModel] | None:
+    annotation = model.model_fields[key].annotation
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _load_layers(ref: str, relative_to: Path | None, seen: tuple[Path, ...]) -> tuple[dict[str, Any], Path]:
+    path = _resolve_path(ref, relative_to).resolve()
+    if path in seen:
+        chain = " -> ".join(p.stem for p in (*seen, path))
+        raise UserError(f"{path}: 'extends' cycle ({chain}); remove one link")
+    raw = _read_yaml(path)
+    parent = raw.pop("extends", None)
+    _check_keys(raw, Recipe, str(path))
+    if parent is None:
+        return raw, path
+    if not isinstance(parent, str):
+        raise UserError(f"{path}: 'extends' must be a recipe name or path, got {type(parent).__name__}")
+    base, _ = _load_layers(parent, path.parent, (*seen, path))
+    base.pop("description", None)  # a description belongs to one file only
+    return _merge(base, raw), path
+
+
+def parse_set(item: str) -> tuple[list[str], Any]:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"--set '{item}': expected KEY=VALUE, e.g. --set parallel.ep=4")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        parsed = value
+    return key.strip().split("."), parsed
+
+
+def _apply_set(data: dict[str, Any], item: str) -> None:
+    parts, value = parse_set(item)
+    model: type[BaseModel] | None = Recipe
+    node = data
+    for depth, part in enumerate(parts):
+        dotted = ".".join(parts[: depth + 1])
+        last = depth == len(parts) - 1
+        if model is not None:
+            if part not in model.model_fields or part in ("name", "devices"):
+                choices = [f for f in model.model_fields if f not in ("name", "devices")]
+                close = difflib.get_close_matches(part, choices, n=1)
+                stem = ".".join(parts[:depth])
+                hint = f" (did you mean '{stem + '.' if stem else ''}{close[0]}'?)" if close else ""
+                raise UserError(f"--set {item}: unknown recipe path '{dotted}'{hint}")
+            section = _section_type(model, part)
+            if section is not None and last and part not in _MAPPING_FIELDS:
+                raise UserError(f"--set {item}: '{dotted}' is a section; set one of its fields")
+            model = None if part in _MAPPING_FIELDS else section
+        if last:
+            node[part] = value
+        else:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise UserError(f"--set {item}: '{dotted}' is not a mapping")
+
+
+def _format_validation(err: ValidationError, source: str) -> str:
+    problems = []
+    for item in err.errors():
+        loc = ".".join(str(p) for p in item["loc"])
+        if item["type"] == "missing":
+            problems.append(f"missing required key '{loc}'")
+        else:
+            given = item.get("input")
+            shown = repr(given) if not isinstance(given, dict) else "a mapping"
+            problems.append(f"'{loc}': {item['msg'].lower()} (got {shown[:60]})")
+    more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+    return f"{source}: " + "; ".join(problems[:3]) + more
+
+
+def load(ref: str, device: str | None = None, sets: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """Resolve a recipe name or YAML path for one device into a validated Recipe."""
+    data, path = _load_layers(ref, Path.cwd(), ())
+    devices = data.get("devices") or []
+    if not isinstance(devices, list) or not devices:
+        raise UserError(f"{path}: 'devices' must list at least one of gpu, npu, cpu")
+    device = device or devices[0]
+    if device not in devices:
+        raise UserError(
+            f"recipe '{path.stem}' supports devices {', '.join(map(str, devices))}; "
+            f"pass --device {devices[0]}"
+        )
+    profile_path = recipe_dir() / "profiles" / f"{device}.yaml"
+    profile = _read_yaml(profile_path) if profile_path.exists() else {}
+    _check_keys(profile, Recipe, str(profile_path))
+    data = _merge(_merge(profile, data), {"name": path.stem, "cluster": {"device": device}})
+    for item in sets:
+        _apply_set(data, item)
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as err:
+        raise UserError(_format_validation(err, str(path))) from None
+
+
+def to_yaml(recipe: Recipe) -> str:
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, width=110)
