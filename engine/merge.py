@@ -1,0 +1,396 @@
+"""Mesh-agnostic merge of verl's sharded FSDP checkpoints into one streamed safetensors set.
+
+verl's merger only understands the meshes `("fsdp",)` and `("ddp", "fsdp")`, loads every shard into
+memory at once and concatenates along a single dimension. fsdp_turbo writes DTensors on other meshes
+(`dp_fsdp`, expert meshes, several dims sharding one tensor dim), so this module reads the placements
+of every local shard, computes the region of the global tensor it holds, checks the regions tile the
+tensor, and writes each tensor as soon as it is assembled. Rank files are memory-mapped and re-opened
+every few hundred MiB so that resident memory stays near one tensor plus that window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import re
+import struct
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.errors import UserError
+
+SAFETENSORS_DTYPES = {
+    "torch.bfloat16": "BF16",
+    "torch.float16": "F16",
+    "torch.float32": "F32",
+    "torch.float64": "F64",
+    "torch.int64": "I64",
+    "torch.int32": "I32",
+    "torch.int16": "I16",
+    "torch.int8": "I8",
+    "torch.uint8": "U8",
+    "torch.bool": "BOOL",
+}
+MERGER_MESHES = {("fsdp",), ("ddp", "fsdp")}
+_RANK_FILE = re.compile(r"model_world_size_(\d+)_rank_(\d+)\.pt$")
+
+
+def resolve_actor_dir(path: str | Path) -> Path:
+    """Accept a checkpoint root (follow the tracker), a global_step_N dir or its actor/ dir."""
+    p = Path(path).expanduser().resolve()
+    if not p.is_dir():
+        raise UserError(f"checkpoint {p} is not a directory: pass a checkpoint root, global_step_N or actor/")
+    tracker = p / "latest_checkpointed_iteration.txt"
+    if tracker.is_file():
+        step = tracker.read_text().strip()
+        p = p / f"global_step_{step}"
+        if not p.is_dir():
+            raise UserError(
+                f"{tracker} names step {step} but {p} is missing: fix the tracker or pass a step dir"
+            )
+    if (p / "actor").is_dir():
+        p = p / "actor"
+    if not (p / "fsdp_config.json").is_file():
+        raise UserError(f"{p} has no fsdp_config.json: not a verl FSDP actor checkpoint")
+    return p
+
+
+def rank_files(actor_dir: Path) -> list[Path]:
+    """The model shard of every rank, in rank order, checked against fsdp_config.json."""
+    world_size = int(json.loads((actor_dir / "fsdp_config.json").read_text()).get("world_size", 0))
+    found = {}
+    for f in actor_dir.glob("model_world_size_*_rank_*.pt"):
+        m = _RANK_FILE.search(f.name)
+        if m and int(m.group(1)) == world_size:
+            found[int(m.group(2))] = f
+    missing = [r for r in range(world_size) if r not in found]
+    if world_size < 1 or missing:
+        raise UserError(f"{actor_dir}: world_size {world_size} but rank files missing for ranks {missing}")
+    return [found[r] for r in range(world_size)]
+
+
+def _load(path: Path) -> dict[str, Any]:
+    import torch
+
+    logging.getLogger("torch.distributed.device_mesh").setLevel(logging.ERROR)
+    return torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+
+
+def _is_dtensor(value: Any) -> bool:
+    return type(value).__name__ == "DTensor"
+
+
+def local_region(
+    shape: tuple[int, ...], mesh: Any, placements: Any, rank: int
+) -> tuple[tuple[int, int], ...]:
+    """(start, length) per tensor dim of the part `rank` holds, following DTensor's chunking rules."""
+    import numpy as np
+
+    grid = np.asarray(mesh.tolist())
+    where = np.argwhere(grid == rank)
+    if len(where) != 1:
+        raise UserError(f"rank {rank} is not in the DTensor mesh {grid.tolist()}: corrupt checkpoint")
+    coord = where[0]
+    region = [(0, n) for n in shape]
+    for mesh_dim, placement in enumerate(placements):
+        kind = type(placement).__name__
+        if kind == "Replicate":
+            continue
+        if kind != "Shard":
+            raise UserError(
+                f"placement {placement!r} cannot be merged (only Shard and Replicate are supported)"
+            )
+        dim, parts, idx = placement.dim, grid.shape[mesh_dim], int(coord[mesh_dim])
+        start, length = region[dim]
+        chunk = -(-length // parts)
+        begin = min(idx * chunk, length)
+        region[dim] = (start + begin, max(0, min(chunk, length - begin)))
+    return tuple(region)
+
+
+@dataclass
+class KeyPlan:
+    """Where the pieces of one checkpoint entry live and what the merged tensor looks like."""
+
+    key: str
+    shape: tuple[int, ...]
+    dtype: Any
+    mesh_names: tuple[str, ...] | None
+    pieces: list[tuple[int, tuple[tuple[int, int], ...]]] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def plan_merge(files: list[Path]) -> dict[str, KeyPlan]:
+    """Read placements from every rank (metadata only) and check the pieces tile each tensor."""
+    plans: dict[str, KeyPlan] = {}
+    for rank, f in enumerate(files):
+        sd = _load(f)
+        if rank > 0 and set(sd) != set(plans):
+            diff = sorted(set(sd) ^ set(plans))[:3]
+            raise UserError(f"{f.name} holds different keys from rank 0 (e.g. {diff}): corrupt checkpoint")
+        for key, value in sd.items():
+            if _is_dtensor(value):
+                shape = tuple(value.shape)
+                names = tuple(value.device_mesh.mesh_dim_names or ())
+                region = local_region(shape, value.device_mesh.mesh, value.placements, rank)
+                local = tuple(value._local_tensor.shape)
+                if local != tuple(n for _, n in region):
+                    raise UserError(f"{key} on rank {rank}: local shape {local} != expected {region}")
+                dtype = value._local_tensor.dtype
+            else:
+                shape, names, dtype = tuple(value.shape), None, value.dtype
+                region = tuple((0, n) for n in shape)
+            plan = plans.setdefault(key, KeyPlan(key, shape, dtype, names))
+            if plan.shape != shape or plan.mesh_names != names:
+                raise UserError(f"{key}: rank {rank} disagrees with rank 0 on shape or mesh")
+            if all(region != r for _, r in plan.pieces):
+                plan.pieces.append((rank, region))
+        del sd
+    for plan in plans.values():
+        covered = sum(_numel(r) for _, r in plan.pieces)
+        if covered != _numel(tuple((0, n) for n in plan.shape)):
+            raise UserError(f"{plan.key}: shards cover {covered} elements of {plan.shape}: missing ranks?")
+    return plans
+
+
+def _numel(region: tuple[tuple[int, int], ...]) -> int:
+    n = 1
+    for _, length in region:
+        n *= length
+    return n
+
+
+def mesh_names(plans: dict[str, KeyPlan]) -> set[tuple[str, ...]]:
+    return {p.mesh_names for p in plans.values() if p.mesh_names is not None}
+
+
+def iter_merged(
+    files: list[Path], plans: Iterable[KeyPlan], dtype: Any = None, window_bytes: int = 512 << 20
+) -> Iterator[tuple[str, Any]]:
+    """Yield (key, full tensor) in the given order; floats are cast to `dtype` when given."""
+    import torch
+
+    loaded: dict[int, dict[str, Any]] = {}
+    read = 0
+    for plan in plans:
+        out_dtype = dtype if dtype is not None and plan.dtype.is_floating_point else plan.dtype
+        full = torch.empty(plan.shape, dtype=out_dtype)
+        for rank, region in plan.pieces:
+            if rank not in loaded:
+                loaded[rank] = _load(files[rank])
+            value = loaded[rank][plan.key]
+            local = value._local_tensor if _is_dtensor(value) else value
+            if local.numel():
+                full[tuple(slice(s, s + n) for s, n in region)].copy_(local)
+            read += local.numel() * local.element_size()
+        yield plan.key, full
+        if read >= window_bytes:  # drop the mappings so their resident pages go with them
+            loaded.clear()
+            read = 0
+
+
+def tensor_bytes(t: Any) -> memoryview:
+    import torch
+
+    return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def write_safetensors(
+    path: Path,
+    specs: list[tuple[str, tuple[int, ...], Any]],
+    tensors: Iterator[tuple[str, Any]],
+    on_bytes: Callable[[int], None] | None = None,
+) -> str:
+    """Stream tensors into a safetensors file whose header is known up front; returns its sha256."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for key, shape, dt in specs:
+        size = dt.itemsize
+        for d in shape:
+            size *= d
+        header[key] = {
+            "dtype": SAFETENSORS_DTYPES[str(dt)],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    digest = hashlib.sha256()
+    with open(path, "wb") as out:
+        for chunk in (struct.pack("<Q", len(blob)), blob):
+            out.write(chunk)
+            digest.update(chunk)
+        for (key, shape, dt), (got_key, tensor) in zip(specs, tensors, strict=True):
+            if key != got_key or tuple(tensor.shape) != tuple(shape) or tensor.dtype != dt:
+                raise RuntimeError(
+                    f"writer got {got_key} {tuple(tensor.shape)} {tensor.dtype}, expected {key}"
+                )
+            data = tensor_bytes(tensor)
+            out.write(data)
+            digest.update(data)
+            if on_bytes:
+                on_bytes(len(data))
+    return digest.hexdigest()
+
+
+def split_experts(key: str, tensor: Any) -> Iterator[tuple[str, Any]]:
+    """Fused `mlp.experts.{gate_up_proj,down_proj}` -> the per-expert keys transformers saves and loads."""
+    prefix, _, name = key.rpartition(".")
+    if not prefix.endswith("mlp.experts") or name not in ("gate_up_proj", "down_proj"):
+        yield key, tensor
+        return
+    for e in range(tensor.shape[0]):
+        if name == "down_proj":
+            yield f"{prefix}.{e}.down_proj.weight", tensor[e]
+        else:
+            half = tensor.shape[1] // 2
+            yield f"{prefix}.{e}.gate_proj.weight", tensor[e, :half]
+            yield f"{prefix}.{e}.up_proj.weight", tensor[e, half:]
+
+
+def split_expert_specs(key: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
+    prefix, _, name = key.rpartition(".")
+    if not prefix.endswith("mlp.experts") or name not in ("gate_up_proj", "down_proj") or len(shape) != 3:
+        return [(key, shape)]
+    out: list[tuple[str, tuple[int, ...]]] = []
+    for e in range(shape[0]):
+        if name == "down_proj":
+            out.append((f"{prefix}.{e}.down_proj.weight", shape[1:]))
+        else:
+            half = (shape[1] // 2, shape[2])
+            out += [(f"{prefix}.{e}.gate_proj.weight", half), (f"{prefix}.{e}.up_proj.weight", half)]
+    return out
+
+
+@contextlib.contextmanager
+def quiet_mesh_warnings() -> Iterator[None]:
+    logger = logging.getLogger("torch.distributed.device_mesh")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+# --- synthetic sharded checkpoints (tests and the export benchmark) -------------------------------
+LAYOUTS = ("fsdp2", "hsdp", "fsdp", "turbo", "nested2d")
+
+
+def _layout_for(
+    layout: str, key: str, ndim: int, world: int
+) -> tuple[tuple[int, ...], tuple[str, ...], list[Any]]:
+    """Mesh shape, names and placements a layout gives one tensor (fsdp2/hsdp use real fully_shard)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    half = (2, world // 2) if world % 2 == 0 and world > 2 else (world, 1)
+    if layout == "fsdp":
+        return (world,), ("fsdp",), [Shard(0)]
+    if layout == "turbo":
+        if "mlp.experts." in key and ndim == 3:
+            return half, ("ep", "efsdp"), [Shard(0), Shard(1)]
+        return (world,), ("dp_fsdp",), [Shard(0)]
+    if layout == "nested2d":
+        if ndim >= 2 and "mlp.experts." in key:
+            return half, ("dp", "fsdp"), [Shard(0), Replicate()]
+        if ndim >= 2:
+            return half, ("dp", "fsdp"), [Shard(0), Shard(1)]
+        return half, ("dp", "fsdp"), [Shard(0), Shard(0)]
+    raise UserError(f"unknown synthetic layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+
+
+def _synthetic_rank(rank: int, world: int, port: int, jobs: list[dict[str, Any]]) -> None:
+    import os
+    import shutil
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    logging.getLogger("torch.distributed.device_mesh").setLevel(logging.ERROR)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    for job in jobs:
+        layout, actor = job["layout"], Path(job["out"]) / f"global_step_{job['step']}" / "actor"
+        actor.mkdir(parents=True, exist_ok=True)
+        if layout in ("fsdp2", "hsdp"):
+            import transformers
+            from torch.distributed.fsdp import fully_shard
+
+            config = transformers.AutoConfig.from_pretrained(job["model_dir"])
+            model = getattr(transformers, config.architectures[0]).from_pretrained(
+                job["model_dir"], dtype=torch.float32
+            )
+            shape, names = ((world,), ("fsdp",)) if layout == "fsdp2" else ((2, world // 2), ("ddp", "fsdp"))
+            fully_shard(model, mesh=init_device_mesh("cpu", shape, mesh_dim_names=names))
+            state = model.state_dict()
+        else:
+            source = torch.load(job["source"], mmap=True) if job.get("source") else None
+            specs = (
+                source
+                if source is not None
+                else {k: torch.empty(s, device="meta") for k, s in job["specs"].items()}
+            )
+            state, meshes = {}, {}
+            for key, full in specs.items():
+                shape, names, placements = _layout_for(layout, key, full.dim(), world)
+                if layout == "turbo" and full.dim() == 1:
+                    state[key] = full.clone()  # replicated plain tensor, as unwrapped params are saved
+                    continue
+                mesh = meshes.get((shape, names)) or init_device_mesh("cpu", shape, mesh_dim_names=names)
+                meshes[(shape, names)] = mesh
+                region = local_region(tuple(full.shape), mesh.mesh, placements, rank)
+                index = tuple(slice(s, s + n) for s, n in region)
+                if source is not None:
+                    local = full[index].clone()
+                else:
+                    gen = torch.Generator().manual_seed(zlib.crc32(f"{key}{region}".encode()))
+                    local = torch.randn([n for _, n in region], generator=gen).mul_(0.02)
+                state[key] = DTensor.from_local(
+                    local, mesh, placements, run_check=False, shape=full.shape, stride=full.stride()
+                )
+        torch.save(state, actor / f"model_world_size_{world}_rank_{rank}.pt")
+        torch.save(
+            {"rng": {"cpu": torch.get_rng_state()}}, actor / f"extra_state_world_size_{world}_rank_{rank}.pt"
+        )
+        del state
+        if rank == 0:
+            (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}))
+            shutil.copytree(
+                job["model_dir"],
+                actor / "huggingface",
+                dirs_exist_ok=True,
+                ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "*.index.json"),
+            )
+            (Path(job["out"]) / "latest_checkpointed_iteration.txt").write_text(str(job["step"]))
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def write_synthetic_checkpoints(jobs: list[dict[str, Any]], world: int) -> None:
+    """Write verl-layout checkpoints with `world` gloo ranks.
+
+    Each job: {layout, out, step, model_dir (HF config dir), source (full state dict .pt) or specs
+    ({key: shape}, random values per local region)}. One process group serves every job.
+    """
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_synthetic_rank, args=(world, port, jobs), nprocs=world, join=True)
