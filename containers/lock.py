@@ -129,6 +129,63 @@ def resolve(stack: str, lock: dict[str, Any], pins: dict[str, Any], out_dir: Pat
     return target
 
 
+def lock_blocks(text: str) -> dict[str, str]:
+    """canonical name -> that package's full entry (requirement line and its hash lines)."""
+    blocks: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        match = _LOCK_LINE.match(line)
+        if match:
+            current = str(canonicalize_name(match.group(1)))
+            blocks[current] = line + "\n"
+        elif current and line.startswith("    "):
+            blocks[current] += line + "\n"
+        else:
+            current = None
+    return blocks
+
+
+def build_lock_path(lock_path: Path) -> Path:
+    return lock_path.with_name(lock_path.name.removesuffix(".lock") + ".build.lock")
+
+
+def sources_lock_path(lock_path: Path) -> Path:
+    return lock_path.with_name(lock_path.name.removesuffix(".lock") + ".sources.lock")
+
+
+def write_derived(stack: str, lock: dict[str, Any], pins: dict[str, Any], produced: Path) -> list[Path]:
+    """The build-backend subset (installed first) and the hashed sdists of source-built packages."""
+    blocks = lock_blocks(produced.read_text())
+    build = build_lock_path(produced)
+    names = ["setuptools", "wheel", *pins["stacks"][stack].get("build_requirements", [])]
+    body = "".join(blocks[str(canonicalize_name(n))] for n in names if str(canonicalize_name(n)) in blocks)
+    _write(build, "# Build backends, taken from " + produced.name + " (installed before it)\n" + body)
+    written = [build]
+    sdists = [n for n, kind in pins["stacks"][stack].get("source_builds", {}).items() if kind == "pypi-sdist"]
+    if sdists:
+        src = sources_lock_path(produced)
+        req = src.with_name(src.name + ".in")
+        _write(req, "".join(f"{n}=={pins['stacks'][stack]['packages'][n]}\n" for n in sdists))
+        resolver = pins["resolver"]
+        cmd = [
+            uv_command(stack, lock, pins, "x", "x", "x")[0], "pip", "compile", req.name, "--no-deps",
+            "--generate-hashes", "--no-header", "--quiet", "--index-url", resolver["index_url"],
+            "--exclude-newer", resolver["exclude_newer"], "--python-platform", lock["python_platform"],
+            "--python-version", lock["python"], "-o", src.name + ".uv-out",
+        ]  # fmt: skip
+        for name in sdists:
+            cmd += ["--no-binary", name]
+        result = subprocess.run(cmd, cwd=src.parent, env=_env(), capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"{src.name}: uv failed:\n{result.stderr.strip()}")
+        out = src.with_name(src.name + ".uv-out")
+        _write(src, "# Source distributions built in the image without dependencies\n" + out.read_text())
+        out.unlink()
+        req.unlink()
+        written.append(src)
+    return written
+
+
 def metadata_path(lock_path: Path) -> Path:
     return lock_path.with_name(lock_path.name.removesuffix(".lock") + ".requires.json")
 
@@ -221,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(diff[:60]))
                 failed += bool(diff)
                 continue
-        print(f"lock: wrote {lock['path']} ({len(parse_lock(produced.read_text()))} packages)")
+        extra = write_derived(stack, lock, pins, produced)
+        print(f"lock: wrote {lock['path']} ({len(parse_lock(produced.read_text()))} packages)", *extra)
         if not args.no_metadata:
             from containers import wheelmeta
 
