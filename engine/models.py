@@ -20,7 +20,7 @@ VISION_BLOCKS = "model.visual.blocks.{*}"
 
 @dataclass(frozen=True)
 class Family:
-    """A transformers model family as FSDPTurbo sees it (the VL layout: model.visual / model.language_model)."""
+    """A transformers model family as FSDPTurbo sees it (VL layout: model.visual, model.language_model)."""
 
     model_type: str  # transformers model_type and module name
     class_prefix: str  # Qwen3_5 / Qwen3_5Moe
@@ -56,10 +56,14 @@ class Family:
         ]
 
     def loss_function_patches(self) -> list[dict[str, Any]]:
-        return [{"target_functions": ["transformers.loss.loss_utils.ForCausalLMLoss"], "type": "causal_lm_loss"}]
+        return [
+            {"target_functions": ["transformers.loss.loss_utils.ForCausalLMLoss"], "type": "causal_lm_loss"}
+        ]
 
     def module_patches(self) -> list[dict[str, str]]:
-        return [{"target": f"{self.modeling}.{self.class_prefix}Model.forward", "replacement": self.turbo_forward}]
+        return [
+            {"target": f"{self.modeling}.{self.class_prefix}Model.forward", "replacement": self.turbo_forward}
+        ]
 
     def patch_targets(self) -> list[str]:
         """Every dotted target the CP plan patches: they must resolve in the installed transformers."""
@@ -150,7 +154,9 @@ def compare_config(spec: ModelSpec, model_dir: str | Path) -> list[str]:
     text = config.get("text_config", config)
     problems = []
     if config.get("model_type") != spec.family.model_type:
-        problems.append(f"{path}: model_type {config.get('model_type')!r}, registry says {spec.family.model_type!r}")
+        problems.append(
+            f"{path}: model_type {config.get('model_type')!r}, registry says {spec.family.model_type!r}"
+        )
     for key, expected in spec.config_facts().items():
         found = text.get(key, config.get(key))
         if found is not None and found != expected:
@@ -229,7 +235,7 @@ register(
         vision_depth=27,
         source={
             "architecture": "Qwen/Qwen3.5-27B model card (README); " + _SLIME.format("qwen3.5-27B"),
-            "linear_value_heads": "Qwen3.6-27B card (same text config); consistent with the 27.78B checkpoint size",
+            "linear_value_heads": "Qwen3.6-27B card (same text config); fits the 27.78B checkpoint size",
             **_SHARED,
         },
     )
@@ -255,7 +261,8 @@ register(
         expert_intermediate_size=512,
         vision_depth=27,
         source={
-            "architecture": "Qwen/Qwen3.5-35B-A3B config.json (snapshot ec2d4ece); " + _SLIME.format("qwen3.5-35B-A3B"),
+            "architecture": "Qwen/Qwen3.5-35B-A3B config.json (snapshot ec2d4ece); "
+            + _SLIME.format("qwen3.5-35B-A3B"),
             "vision_depth": "Qwen3.6-35B-A3B config.json (text configs identical)",
             **_SHARED,
         },

@@ -80,6 +80,7 @@ _SAFE_UNQUOTED = re.compile(r"[A-Za-z0-9_/\-+.@]+")
 _NON_STRING = re.compile(
     r"(?i)(true|false|null|[-+]?(\d[\d_]*)?(\.\d*)?(e[-+]?\d+)?|[-+]?inf|nan)",
 )
+_QUOTE_ESCAPE = re.compile(r"(\\*)('|$)")
 _KEY_SPECIAL = re.compile(r"([\\()\[\]{}:=, \t])")
 
 
@@ -89,7 +90,9 @@ def escape_key(key: str) -> str:
 
 
 def _quote(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    """Hydra quoted string: backslashes are literal except in a run before a quote or the end."""
+    body = _QUOTE_ESCAPE.sub(lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), text)
+    return f"'{body}'"
 
 
 def _string(text: str, top: bool) -> str:
@@ -132,7 +135,9 @@ def _reward_file(spec: str) -> tuple[str, str]:
         return _path(module), function
     found = find_spec(module)
     if found is None or found.origin is None:
-        raise UserError(f"reward.custom_function: module '{module}' is not importable; install it or fix the name")
+        raise UserError(
+            f"reward.custom_function: module '{module}' is not importable; install it or fix the name"
+        )
     return found.origin, function
 
 

@@ -20,7 +20,7 @@ from engine.plan import Plan
 
 GIB = 1024**3
 HOPPER = ("H100", "H200", "H800", "H20", "GH200")
-# flash-linear-attention issue #640: Triton >= 3.4.0 and < 3.7.1 give wrong gated-delta-rule gradients on Hopper.
+# flash-linear-attention #640: Triton >= 3.4.0, < 3.7.1 give wrong gated-delta-rule gradients on Hopper.
 BAD_TRITON_ON_HOPPER = ((3, 4, 0), (3, 7, 1))
 
 
@@ -62,10 +62,14 @@ def _context_parallel(plan: Plan) -> list[str]:
     for what, count in heads.items():
         if cp > 1 and count % cp:
             problems.append(f"parallel.cp={cp} does not divide the {count} {what} of {m.name}")
+    if cp > 1 and m.num_kv_heads % cp and cp % m.num_kv_heads:
+        problems.append(
+            f"parallel.cp={cp} and the {m.num_kv_heads} KV heads of {m.name}: neither divides the other"
+        )
     if r.parallel.verl_sp > 1 and r.actor.strategy == "fsdp_turbo":
         problems.append(
             f"parallel.verl_sp={r.parallel.verl_sp} with fsdp_turbo: do not enable both FSDP-Turbo CP and "
-            "verl Ulysses SP (verl raises ValueError in the worker); use parallel.cp and keep parallel.verl_sp=1"
+            "verl Ulysses SP (verl raises ValueError in the worker); use parallel.cp, keep parallel.verl_sp=1"
         )
     if r.parallel.verl_sp > 1 and not r.model.use_remove_padding:
         problems.append("parallel.verl_sp>1 needs model.use_remove_padding=true")
@@ -80,7 +84,9 @@ def _rollout(plan: Plan) -> list[str]:
             f"parallel.rollout_tp={tp} does not divide cluster.devices_per_node={r.cluster.devices_per_node}"
         )
     if m.num_attention_heads % tp:
-        problems.append(f"parallel.rollout_tp={tp} does not divide the {m.num_attention_heads} heads of {m.name}")
+        problems.append(
+            f"parallel.rollout_tp={tp} does not divide the {m.num_attention_heads} heads of {m.name}"
+        )
     return problems
 
 
@@ -99,7 +105,8 @@ def _batches(plan: Plan) -> list[str]:
         )
     if r.data.train_batch_size < a.ppo_mini_batch_size:
         problems.append(
-            f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size} exceeds data.train_batch_size={r.data.train_batch_size}"
+            f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size} exceeds "
+            f"data.train_batch_size={r.data.train_batch_size}"
         )
         return problems
     mini = a.ppo_mini_batch_size * n
@@ -146,14 +153,18 @@ def memory_estimate(plan: Plan) -> dict[str, float]:
     offloaded = a.offload_policy if a.strategy == "fsdp_turbo" else a.param_offload and a.optimizer_offload
     layer_bf16 = 2 * 2 * m.total_params / max(m.num_layers, 1)  # one unsharded layer, prefetched twice
     states = layer_bf16 if offloaded else 16 * per_device_params
-    ref = 0.0 if (r.ref.offload_policy or not (a.use_kl_loss or r.algorithm.use_kl_in_reward)) else (
-        2 * per_device_params
+    ref = (
+        0.0
+        if (r.ref.offload_policy or not (a.use_kl_loss or r.algorithm.use_kl_in_reward))
+        else (2 * per_device_params)
     )
     seq = (r.data.max_prompt_length + r.data.max_response_length) / p.cp
     mbs = a.ppo_micro_batch_size_per_device
     recompute = r.turbo.recompute if a.strategy == "fsdp_turbo" else r.model.gradient_checkpointing
     per_layer = 34 * mbs * seq * m.hidden_size
-    activations = (2 * mbs * seq * m.hidden_size * m.num_layers + per_layer) if recompute else per_layer * m.num_layers
+    activations = (
+        (2 * mbs * seq * m.hidden_size * m.num_layers + per_layer) if recompute else per_layer * m.num_layers
+    )
     logits = 4 * mbs * seq * m.vocab_size * (1 if a.entropy_from_logits_with_chunking else 2)
     train = (states + ref + activations + logits) / GIB
     rollout = 0.0
@@ -198,7 +209,9 @@ def _paths(plan: Plan) -> list[str]:
     for key in ("data.train_files", "data.val_files"):
         path = Path(plan.value(key))
         if not path.is_file():
-            problems.append(f"{key} {path}: file not found; run `python -m engine prepare-data` or fix the path")
+            problems.append(
+                f"{key} {path}: file not found; run `python -m engine prepare-data` or fix the path"
+            )
     return problems
 
 
@@ -206,8 +219,9 @@ def _fsdp_turbo(plan: Plan) -> list[str]:
     if plan.recipe.actor.strategy != "fsdp_turbo" or importlib.util.find_spec("fsdp_turbo"):
         return []
     return [
-        "actor.strategy=fsdp_turbo but the fsdp_turbo package is not importable; use the project's GPU/Ascend "
-        "image (it installs FSDPTurbo at the pinned commit) or pip install it from its git repository"
+        "actor.strategy=fsdp_turbo but the fsdp_turbo package is not importable; use the project's "
+        "GPU/Ascend image (it installs FSDPTurbo at the pinned commit) or pip install it from its git"
+        " repository"
     ]
 
 
@@ -248,7 +262,7 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(digits)
 
 
-def _transformers_range() -> list[str]:
+def _transformers_range(plan: Plan | None = None) -> list[str]:
     try:
         from packaging.requirements import Requirement
 
@@ -270,7 +284,10 @@ def _is_hopper() -> bool | None:
         return None
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -299,9 +316,10 @@ def _pins(plan: Plan) -> list[str]:
         from engine import pins
     except ImportError:
         return []
-    stack = os.environ.get("ENGINE_STACK") or {"gpu": "gpu", "npu": "ascend-a3", "cpu": "cpu"}[
-        plan.recipe.cluster.device
-    ]
+    stack = (
+        os.environ.get("ENGINE_STACK")
+        or {"gpu": "gpu", "npu": "ascend-a3", "cpu": "cpu"}[plan.recipe.cluster.device]
+    )
     return [f"pins: {line}" for line in pins.drift(stack)]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -117,7 +118,9 @@ class Cluster(Section):
     device: Device
     nodes: int = Field(1, gt=0)
     devices_per_node: int = Field(gt=0)
-    device_memory_gib: float = Field(gt=0, description="memory of one accelerator, for the preflight estimate")
+    device_memory_gib: float = Field(
+        gt=0, description="memory of one accelerator, for the preflight estimate"
+    )
 
 
 class Trainer(Section):
@@ -162,6 +165,21 @@ class Recipe(Section):
     )
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads `1e-6` as a string; recipes mean the number (YAML 1.2 float syntax)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d[\d_]*)?(?:\.\d*)?[eE][-+]?\d+$"),
+    list("-+0123456789."),
+)
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
+
+
 # Fields whose values are free-form mappings: their sub-keys are data, not schema.
 _MAPPING_FIELDS = {"env", "verl_overrides", "vllm_engine_kwargs"}
 
@@ -191,7 +209,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
         raise UserError(f"{path}: cannot read ({err.__class__.__name__})") from None
     try:
-        data = yaml.safe_load(text)
+        data = _yaml(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -273,7 +291,7 @@ def parse_set(item: str) -> tuple[list[str], Any]:
     if not sep or not key.strip():
         raise UserError(f"--set '{item}': expected KEY=VALUE, e.g. --set parallel.ep=4")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
+        parsed = _yaml(value) if value.strip() else ""
     except yaml.YAMLError:
         parsed = value
     return key.strip().split("."), parsed
@@ -287,8 +305,9 @@ def _apply_set(data: dict[str, Any], item: str) -> None:
         dotted = ".".join(parts[: depth + 1])
         last = depth == len(parts) - 1
         if model is not None:
-            if part not in model.model_fields or part in ("name", "devices"):
-                choices = [f for f in model.model_fields if f not in ("name", "devices")]
+            fixed = ("name", "devices") if model is Recipe else ()
+            if part not in model.model_fields or part in fixed:
+                choices = [f for f in model.model_fields if f not in fixed]
                 close = difflib.get_close_matches(part, choices, n=1)
                 stem = ".".join(parts[:depth])
                 hint = f" (did you mean '{stem + '.' if stem else ''}{close[0]}'?)" if close else ""
