@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import models, plan, preflight, recipe
+from engine import memory, models, plan, preflight, recipe
 
 
 def problems(name: str, device: str, *sets: str, check_env: bool = False) -> list[str]:
@@ -93,7 +93,7 @@ def test_unsound_plans_are_refused(name: str, device: str, sets: list[str], frag
 
 def test_memory_estimate_is_offload_and_sharding_aware() -> None:
     def estimate(*sets: str) -> dict[str, float]:
-        return preflight.memory_estimate(plan.compile_recipe(recipe.load("qwen35_35b", "gpu", list(sets))))
+        return memory.memory_estimate(plan.compile_recipe(recipe.load("qwen35_35b", "gpu", list(sets))))
 
     offloaded, resident = estimate(), estimate("actor.offload_policy=false")
     assert resident["train_gib"] > 10 * offloaded["train_gib"]
