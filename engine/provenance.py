@@ -1,0 +1,529 @@
+"""Run records: what produced a run, written as JSON and as a Workflow Run RO-Crate, and checked later.
+
+`provenance write RUN_DIR` reads what `engine run` left there (run.json, recipe.yaml, overrides.txt,
+metrics.jsonl, checkpoints/) and adds what verl never records: git commit and dirty flag, container
+image, pins against installed versions, hardware, allowlisted environment and the sha256 of every
+input, checkpoint and exported file. `provenance verify RECORD` re-hashes all of it; `rerun RECORD`
+launches the recorded recipe again and compares step metrics. Nothing that looks like a credential is
+written: `redact_env` and `scrub` are the filters every writer of the project passes through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from engine.errors import UserError
+
+SCHEMA = "qwen35-grpo-engine/provenance/1"
+REDACTED = "***"
+ENV_ALLOW = re.compile(
+    r"^(HCCL_|NCCL_|VLLM_|RAY_|VERL_|TORCH_|PYTORCH_|GLOO_|HF_HUB_OFFLINE$|TRANSFORMERS_OFFLINE$|PYTHONPATH$|"
+    r"CUDA_VISIBLE_DEVICES$|ASCEND_RT_VISIBLE_DEVICES$|ASCEND_VISIBLE_DEVICES$|HIP_VISIBLE_DEVICES$|"
+    r"NVIDIA_VISIBLE_DEVICES$|OMP_NUM_THREADS$|TOKENIZERS_PARALLELISM$|WANDB_MODE$|ENGINE_)"
+)
+SECRET_NAME = re.compile(
+    r"(?i)(TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH|COOKIE|_KEY$)"
+)
+_PATTERNS = [
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@'\"]+(?::[^/\s@'\"]*)?@"), r"\1" + REDACTED + "@"),
+    (
+        re.compile(r"\b(hf_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
+        REDACTED,
+    ),
+    (re.compile(r"\b(sk-[A-Za-z0-9_-]{16,}|AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,})"), REDACTED),
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + REDACTED),
+    (
+        re.compile(
+            r"(?i)\b([A-Z0-9_.-]*(?:TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY)[A-Z0-9_.-]*)(['\"]?\s*[=:]\s*['\"]?)([^\s'\",}]+)"
+        ),
+        r"\1\2" + REDACTED,
+    ),
+]
+
+
+def _secret_values(env: dict[str, str] | None = None) -> list[str]:
+    env = os.environ if env is None else env
+    return sorted({v for k, v in env.items() if SECRET_NAME.search(k) and len(v) >= 6}, key=len, reverse=True)
+
+
+def scrub(text: str, env: dict[str, str] | None = None) -> str:
+    """Remove credentials from text: secret env values anywhere, URL userinfo, token shapes, KEY=value."""
+    for value in _secret_values(env):
+        text = text.replace(value, REDACTED)
+    for pattern, repl in _PATTERNS:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def redact_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
+    """The allowlisted part of an environment, with credential-like names masked and values scrubbed."""
+    env = dict(env)
+    kept = {}
+    for key in sorted(env):
+        if ENV_ALLOW.match(key):
+            kept[key] = REDACTED if SECRET_NAME.search(key) else scrub(env[key], env)
+    return kept
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_info(repo: Path) -> dict[str, Any]:
+    commit = _run(["git", "rev-parse", "HEAD"], repo)
+    if commit is None:
+        return {"commit": None, "dirty": None, "note": "not a git checkout"}
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], repo) or ""
+    remote = _run(["git", "remote", "get-url", "origin"], repo)
+    return {
+        "commit": commit,
+        "dirty": bool(status),
+        "branch": _run(["git", "branch", "--show-current"], repo),
+        "remote": scrub(remote) if remote else None,
+    }
+
+
+def container_info() -> dict[str, Any]:
+    """Image reference, digest and labels when running inside one of the project's containers."""
+    info: dict[str, Any] = {"inside": Path("/.dockerenv").exists() or Path("/run/.containerenv").exists()}
+    for key, var in (("image", "ENGINE_IMAGE"), ("digest", "ENGINE_IMAGE_DIGEST")):
+        info[key] = os.environ.get(var)
+    containerenv = Path("/run/.containerenv")
+    if containerenv.is_file():  # podman writes image=/imageid= here
+        for line in containerenv.read_text(errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            if key in ("image", "imageid"):
+                info.setdefault("containerenv", {})[key] = value.strip('"')
+    labels = Path(os.environ.get("ENGINE_IMAGE_LABELS", "/etc/engine/image-labels.json"))
+    if labels.is_file():
+        info["labels"] = json.loads(labels.read_text())
+    return info
+
+
+def versions() -> dict[str, Any]:
+    """Pins versus installed versions (engine.pins when present, else package metadata)."""
+    try:
+        from engine import pins
+
+        installed = pins.installed_versions()
+        try:
+            drift = pins.drift(os.environ.get("ENGINE_STACK") or "cpu")
+        except Exception as err:  # a stack the pins file lacks must not lose the record
+            drift = [f"unavailable: {err.__class__.__name__}"]
+        return {"installed": installed, "drift": drift, "pins_source": "engine.pins"}
+    except ImportError:
+        names = ["torch", "verl", "transformers", "vllm", "vllm-ascend", "ray", "TransferQueue", "snakemake"]
+        found = {}
+        for name in names:
+            try:
+                found[name] = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                found[name] = None
+        return {"installed": found, "drift": "unavailable", "pins_source": "package metadata"}
+
+
+def hardware() -> dict[str, Any]:
+    gpus = _run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"])
+    if gpus:
+        rows = [line.strip() for line in gpus.splitlines() if line.strip()]
+        return {"accelerator": "gpu", "count": len(rows), "devices": rows}
+    npus = _run(["npu-smi", "info", "-l"])
+    if npus:
+        return {"accelerator": "npu", "count": npus.count("NPU ID"), "npu_smi": npus.splitlines()[:40]}
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in _read("/proc/cpuinfo").splitlines() if "model name" in ln),
+        None,
+    )
+    mem = next(
+        (ln.split()[1] for ln in _read("/proc/meminfo").splitlines() if ln.startswith("MemTotal")), "0"
+    )
+    return {
+        "accelerator": "cpu",
+        "count": 0,
+        "cpu": model or platform.processor(),
+        "cores": os.cpu_count(),
+        "memory_gib": round(int(mem) / (1 << 20), 1),
+        "machine": platform.machine(),
+    }
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _rel(path: Path, base: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(base.resolve()))
+    except ValueError:
+        return str(path.resolve())
+
+
+def _file_entries(paths: list[tuple[Path, str]], base: Path) -> list[dict[str, Any]]:
+    from rich.progress import Progress
+
+    files = [
+        (f, role) for p, role in paths for f in (sorted(p.rglob("*")) if p.is_dir() else [p]) if f.is_file()
+    ]
+    entries = []
+    with Progress(transient=True) as progress:
+        task = progress.add_task("hashing", total=sum(f.stat().st_size for f, _ in files) or 1)
+        for f, role in files:
+            entries.append(
+                {"path": _rel(f, base), "role": role, "bytes": f.stat().st_size, "sha256": sha256_file(f)}
+            )
+            progress.advance(task, f.stat().st_size)
+    return entries
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                data = {k: v for k, v in row.get("data", {}).items() if isinstance(v, (int, float))}
+                rows.append({"step": int(row["step"]), "data": data})
+    return rows
+
+
+def build_record(run_dir: Path, exports: list[Path], data: list[Path], repo: Path) -> dict[str, Any]:
+    """Everything the record says about one run directory."""
+    import yaml
+
+    run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").is_file() else {}
+    recipe_file = run_dir / "recipe.yaml"
+    resolved = yaml.safe_load(recipe_file.read_text()) if recipe_file.is_file() else {}
+    overrides_file = run_dir / "overrides.txt"
+    overrides = overrides_file.read_text().split("\n") if overrides_file.is_file() else []
+    overrides = [o for o in overrides if o.strip()]
+    inputs: list[tuple[Path, str]] = [(p, "data") for p in data]
+    for key in ("train_files", "val_files"):
+        items = resolved.get("data", {}).get(key)
+        for item in items if isinstance(items, list) else [items]:
+            if item and (repo / item).is_file():
+                inputs.append((repo / item, "data"))
+    model_path = resolved.get("model", {}).get("path")
+    if model_path and (repo / model_path / "config.json").is_file():
+        inputs.append((repo / model_path / "config.json", "model_config"))
+    outputs = [(run_dir / "checkpoints", "checkpoint")] if (run_dir / "checkpoints").is_dir() else []
+    outputs += [(e, "export") for e in exports]
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    try:
+        snakemake = metadata.version("snakemake")
+    except metadata.PackageNotFoundError:
+        snakemake = None
+    record = {
+        "schema": SCHEMA,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "run_dir": ".",
+        "git": git_info(repo),
+        "recipe": {
+            "name": resolved.get("name") or run.get("recipe"),
+            "file": "recipe.yaml",
+            "resolved": resolved,
+            "device": run.get("device"),
+        },
+        "overrides": overrides,
+        "overrides_sha256": hashlib.sha256("\n".join(overrides).encode()).hexdigest(),
+        "command": run.get("command", []),
+        "start": run.get("start"),
+        "end": run.get("end"),
+        "exit_code": run.get("exit_code"),
+        "status": run.get("status"),
+        "container": container_info(),
+        "versions": versions(),
+        "hardware": hardware(),
+        "environment": redact_env(os.environ) | redact_env(run.get("env", {})),
+        "snakemake": snakemake,
+        "python": sys.version.split()[0],
+        "inputs": _file_entries(inputs, run_dir),
+        "outputs": _file_entries(outputs, run_dir),
+        "run_files": _file_entries(
+            [
+                (run_dir / n, "run")
+                for n in (
+                    "run.json",
+                    "recipe.yaml",
+                    "overrides.txt",
+                    "launch.sh",
+                    "metrics.jsonl",
+                    "train.log",
+                )
+                if (run_dir / n).is_file()
+            ],
+            run_dir,
+        ),
+        "metrics": {
+            "file": "metrics.jsonl",
+            "steps": len(rows),
+            "last": rows[-1]["data"] if rows else {},
+            "per_step": rows,
+        },
+    }
+    return json.loads(scrub(json.dumps(record)))
+
+
+def ro_crate(record: dict[str, Any]) -> dict[str, Any]:
+    """The record as a Workflow Run Crate (RO-Crate 1.1, Process/Workflow Run Crate profiles)."""
+    profiles = [
+        "https://w3id.org/ro/wfrun/process/0.5",
+        "https://w3id.org/ro/wfrun/workflow/0.5",
+        "https://w3id.org/workflowhub/workflow-ro-crate/1.0",
+    ]
+    files = [
+        {
+            "@id": e["path"] if not e["path"].startswith("/") else f"file://{e['path']}",
+            "@type": "File",
+            "contentSize": e["bytes"],
+            "sha256": e["sha256"],
+            "additionalType": e["role"],
+        }
+        for e in record["inputs"] + record["outputs"] + record["run_files"]
+    ]
+    ids = {
+        e["path"]: f["@id"]
+        for e, f in zip(record["inputs"] + record["outputs"] + record["run_files"], files, strict=True)
+    }
+    software = [
+        {"@id": f"#sw-{name}", "@type": "SoftwareApplication", "name": name, "softwareVersion": str(v)}
+        for name, v in sorted(record["versions"]["installed"].items())
+        if v
+    ]
+    env = [
+        {"@id": f"#env-{k}", "@type": "PropertyValue", "name": k, "value": v}
+        for k, v in record["environment"].items()
+    ]
+    image = record["container"]
+    action: dict[str, Any] = {
+        "@id": "#run",
+        "@type": "CreateAction",
+        "name": f"GRPO run of {record['recipe']['name']}",
+        "instrument": {"@id": "launch.sh"},
+        "startTime": record["start"],
+        "endTime": record["end"],
+        "actionStatus": {
+            "@id": "http://schema.org/CompletedActionStatus"
+            if record["exit_code"] == 0
+            else "http://schema.org/FailedActionStatus"
+        },
+        "object": [{"@id": ids[e["path"]]} for e in record["inputs"]] + [{"@id": "recipe.yaml"}],
+        "result": [{"@id": ids[e["path"]]} for e in record["outputs"]],
+        "environment": [{"@id": e["@id"]} for e in env],
+        "description": f"git {record['git'].get('commit')} dirty={record['git'].get('dirty')}; "
+        f"overrides sha256 {record['overrides_sha256']}",
+    }
+    graph: list[dict[str, Any]] = [
+        {
+            "@id": "ro-crate-metadata.json",
+            "@type": "CreativeWork",
+            "about": {"@id": "./"},
+            "conformsTo": [
+                {"@id": "https://w3id.org/ro/crate/1.1"},
+                {"@id": "https://w3id.org/workflowhub/workflow-ro-crate/1.0"},
+            ],
+        },
+        {
+            "@id": "./",
+            "@type": "Dataset",
+            "name": f"Run record of {record['recipe']['name']}",
+            "datePublished": record["created"],
+            "license": "Apache-2.0",
+            "conformsTo": [{"@id": p} for p in profiles],
+            "mainEntity": {"@id": "launch.sh"},
+            "mentions": [{"@id": "#run"}],
+            "hasPart": [{"@id": f["@id"]} for f in files] + [{"@id": "provenance.json"}],
+        },
+        {
+            "@id": "launch.sh",
+            "@type": ["File", "SoftwareSourceCode", "ComputationalWorkflow"],
+            "name": "verl main_ppo launch",
+            "programmingLanguage": {"@id": "#bash"},
+            "softwareRequirements": [{"@id": s["@id"]} for s in software],
+        },
+        {"@id": "#bash", "@type": "ComputerLanguage", "name": "Bash"},
+        {
+            "@id": "provenance.json",
+            "@type": "File",
+            "encodingFormat": "application/json",
+            "conformsTo": {"@id": "#schema"},
+            "description": "full record (docs/provenance.md)",
+        },
+        {"@id": "#schema", "@type": "CreativeWork", "name": SCHEMA},
+        action,
+        *files,
+        *software,
+        *env,
+    ]
+    if image.get("image") or image.get("digest"):
+        action["containerImage"] = {"@id": "#image"}
+        graph.append(
+            {
+                "@id": "#image",
+                "@type": "ContainerImage",
+                "name": image.get("image"),
+                "sha256": (image.get("digest") or "").removeprefix("sha256:") or None,
+            }
+        )
+    seen, unique = set(), []
+    for node in graph:
+        if node["@id"] not in seen:
+            seen.add(node["@id"])
+            unique.append(node)
+    return {
+        "@context": [
+            "https://w3id.org/ro/crate/1.1/context",
+            "https://w3id.org/ro/terms/workflow-run/context",
+        ],
+        "@graph": unique,
+    }
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(scrub(text))
+    os.replace(tmp, path)
+
+
+def write(run_dir: Path, exports: list[Path] = (), data: list[Path] = (), repo: Path | None = None) -> Path:  # type: ignore[assignment]
+    run_dir = run_dir.resolve()
+    if not run_dir.is_dir():
+        raise UserError(f"run directory {run_dir} does not exist: pass the --out of `python -m engine run`")
+    repo = repo or Path(__file__).resolve().parent.parent
+    record = build_record(run_dir, [Path(e) for e in exports], [Path(d) for d in data], repo)
+    _write(run_dir / "provenance.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
+    _write(run_dir / "ro-crate-metadata.json", json.dumps(ro_crate(record), indent=2) + "\n")
+    return run_dir / "provenance.json"
+
+
+def verify(record_path: Path) -> list[str]:
+    """Re-hash every file a record names; one line per mismatch or missing file."""
+    record = json.loads(record_path.read_text())
+    if record.get("schema") != SCHEMA:
+        raise UserError(f"{record_path}: schema {record.get('schema')!r} is not {SCHEMA}: not a run record")
+    base = record_path.resolve().parent
+    problems = []
+    for entry in record["inputs"] + record["outputs"] + record["run_files"]:
+        path = Path(entry["path"]) if entry["path"].startswith("/") else base / entry["path"]
+        if not path.is_file():
+            problems.append(f"missing: {entry['path']} ({entry['role']})")
+        elif sha256_file(path) != entry["sha256"]:
+            problems.append(f"changed: {entry['path']} ({entry['role']}) sha256 differs from the record")
+    return problems
+
+
+def compare_metrics(recorded: list[dict], fresh: list[dict], keys: list[str], rtol: float) -> list[str]:
+    """Step metrics of a rerun against the record (same steps, each key within rtol)."""
+    problems = []
+    if [r["step"] for r in recorded] != [r["step"] for r in fresh]:
+        return [f"steps {[r['step'] for r in fresh]} != recorded {[r['step'] for r in recorded]}"]
+    for old, new in zip(recorded, fresh, strict=True):
+        for key in keys or sorted(set(old["data"]) & set(new["data"])):
+            a, b = old["data"].get(key), new["data"].get(key)
+            if a is None or b is None:
+                problems.append(f"step {old['step']} {key}: missing ({a} vs {b})")
+            elif abs(a - b) > rtol * max(abs(a), abs(b), 1e-12):
+                problems.append(f"step {old['step']} {key}: {b} != recorded {a}")
+    return problems
+
+
+REPRODUCIBLE_KEYS = [
+    "critic/score/mean",
+    "critic/rewards/mean",
+    "response_length/mean",
+    "actor/pg_loss",
+    "actor/grad_norm",
+]
+
+
+def cli_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine provenance", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    w = sub.add_parser("write", help="write RUN_DIR/provenance.json and RUN_DIR/ro-crate-metadata.json")
+    w.add_argument("run_dir")
+    w.add_argument("--export", action="append", default=[], help="exported model dir to hash (repeatable)")
+    w.add_argument("--data", action="append", default=[], help="extra input file to hash (repeatable)")
+    v = sub.add_parser("verify", help="re-hash what a record names; exit 1 on any mismatch")
+    v.add_argument("record")
+    args = parser.parse_args(argv)
+    if args.action == "write":
+        path = write(Path(args.run_dir), [Path(e) for e in args.export], [Path(d) for d in args.data])
+        record = json.loads(path.read_text())
+        n = len(record["inputs"]) + len(record["outputs"]) + len(record["run_files"])
+        print(f"provenance: {path} ({n} files hashed, git {str(record['git'].get('commit'))[:12]})")
+        return 0
+    record_path = Path(args.record)
+    if record_path.is_dir():
+        record_path = record_path / "provenance.json"
+    if not record_path.is_file():
+        raise UserError(f"record {record_path} not found: pass a provenance.json or its run directory")
+    problems = verify(record_path)
+    for line in problems:
+        print(f"provenance: {line}", file=sys.stderr)
+    print(f"provenance: {'MISMATCH' if problems else 'ok'} ({record_path})")
+    return 1 if problems else 0
+
+
+def rerun_main(argv: list[str]) -> int:
+    """`python -m engine rerun RECORD --out DIR`: launch the recorded recipe and compare step metrics."""
+    parser = argparse.ArgumentParser(prog="python -m engine rerun", description=rerun_main.__doc__)
+    parser.add_argument("record", help="provenance.json (or its run directory)")
+    parser.add_argument("--out", required=True, help="new run directory")
+    parser.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance per metric")
+    parser.add_argument(
+        "--keys", nargs="*", default=REPRODUCIBLE_KEYS, help="metrics to compare (none: all shared)"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the command only")
+    args = parser.parse_args(argv)
+    record_path = Path(args.record) / "provenance.json" if Path(args.record).is_dir() else Path(args.record)
+    if not record_path.is_file():
+        raise UserError(f"record {record_path} not found: pass a provenance.json or its run directory")
+    record = json.loads(record_path.read_text())
+    recipe_file = record_path.parent / record["recipe"]["file"]
+    if not recipe_file.is_file():
+        raise UserError(f"{recipe_file} is missing: the record's run directory must keep recipe.yaml")
+    out = Path(args.out).resolve()
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"--out {out} is not empty: a rerun needs a fresh directory (verl would resume)")
+    cmd = [sys.executable, "-m", "engine", "run", str(recipe_file), "--out", str(out)]
+    if record["recipe"].get("device"):
+        cmd += ["--device", record["recipe"]["device"]]
+    print(" ".join(cmd))
+    if args.dry_run:
+        return 0
+    code = subprocess.run(cmd, check=False).returncode
+    if code != 0:
+        print(f"rerun: the run exited {code}", file=sys.stderr)
+        return code
+    problems = compare_metrics(
+        record["metrics"]["per_step"], read_metrics(out / "metrics.jsonl"), args.keys, args.rtol
+    )
+    for line in problems:
+        print(f"rerun: {line}", file=sys.stderr)
+    print(f"rerun: {'metrics differ' if problems else 'step metrics reproduced'} ({out})")
+    return 1 if problems else 0
