@@ -1,1 +1,1 @@
-"""Image tooling of the repository: hashed locks, resolution of pins, builds (run as `python -m containers.X`)."""
+"""Image tooling of the repository: hashed locks, pins, builds (run as `python -m containers.X`)."""

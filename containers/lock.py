@@ -76,7 +76,9 @@ def _write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def uv_command(stack: str, lock: dict[str, Any], pins: dict[str, Any], in_path: str, ov_path: str, out: str) -> list[str]:
+def uv_command(
+    stack: str, lock: dict[str, Any], pins: dict[str, Any], in_path: str, ov_path: str, out: str
+) -> list[str]:
     """The uv call that produces one lock (relative paths, so the lock's annotations are stable)."""
     resolver = pins["resolver"]
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv") or "uv"
@@ -103,17 +105,24 @@ def _env() -> dict[str, str]:
 def header(stack: str, lock: dict[str, Any], pins: dict[str, Any]) -> str:
     return (
         f"# Hashed lock for the {family(stack)} images, {lock['python_platform']}, Python {lock['python']}.\n"
-        f"# Generated from containers/pins.yaml by `python -m containers.lock --stack {stack}`; do not edit.\n"
-        f"# Resolver: uv {pins['resolver']['version']}, packages uploaded before {pins['resolver']['exclude_newer']}.\n"
+        "# Generated from containers/pins.yaml by "
+        f"`python -m containers.lock --stack {stack}`; do not edit.\n"
+        f"# Resolver: uv {pins['resolver']['version']}, "
+        f"packages uploaded before {pins['resolver']['exclude_newer']}.\n"
     )
 
 
-def resolve(stack: str, lock: dict[str, Any], pins: dict[str, Any], out_dir: Path, extra_index: str | None) -> Path:
+def resolve(
+    stack: str, lock: dict[str, Any], pins: dict[str, Any], out_dir: Path, extra_index: str | None
+) -> Path:
     """Write <family>.in, <family>.overrides.txt and the lock into out_dir; returns the lock path."""
     reqs, overrides = lock_inputs(stack, pins)
     name = family(stack)
     in_path, ov_path = out_dir / f"{name}.in", out_dir / f"{name}.overrides.txt"
-    _write(in_path, "# Generated from containers/pins.yaml by python -m containers.lock\n" + "\n".join(reqs) + "\n")
+    _write(
+        in_path,
+        "# Generated from containers/pins.yaml by python -m containers.lock\n" + "\n".join(reqs) + "\n",
+    )
     _write(ov_path, "# Recorded overrides (reasons in containers/pins.yaml)\n" + "\n".join(overrides) + "\n")
     target = out_dir / Path(lock["path"]).name
     scratch = target.with_name(target.name + ".uv-out")
@@ -196,12 +205,15 @@ def _marker_env(python: str, platform: str) -> dict[str, str]:
     full = {"3.11": "3.11.13", "3.12": "3.12.3"}.get(python, python + ".0")
     env.update(
         python_version=python, python_full_version=full, platform_machine=machine, sys_platform="linux",
-        platform_system="Linux", os_name="posix", implementation_name="cpython", platform_python_implementation="CPython",
+        platform_system="Linux", os_name="posix", implementation_name="cpython",
+        platform_python_implementation="CPython",
     )  # fmt: skip
     return env
 
 
-def conflicts(lock_text: str, snapshot: dict[str, dict], top: list[str], python: str, platform: str) -> list[str]:
+def conflicts(
+    lock_text: str, snapshot: dict[str, dict], top: list[str], python: str, platform: str
+) -> list[str]:
     """Every declared requirement among locked packages that the locked versions do not satisfy."""
     locked = parse_lock(lock_text)
     env = _marker_env(python, platform)
@@ -220,7 +232,11 @@ def conflicts(lock_text: str, snapshot: dict[str, dict], top: list[str], python:
         for name, info in snapshot.items():
             for raw in info.get("requires_dist") or []:
                 req = Requirement(raw)
-                active = [e for e in extras.get(name, {""}) if req.marker is None or req.marker.evaluate({**env, "extra": e})]
+                active = [
+                    e
+                    for e in extras.get(name, {""})
+                    if req.marker is None or req.marker.evaluate({**env, "extra": e})
+                ]
                 if not active:
                     continue
                 dep = str(canonicalize_name(req.name))
@@ -236,7 +252,9 @@ def conflicts(lock_text: str, snapshot: dict[str, dict], top: list[str], python:
     return sorted(found)
 
 
-def locks_for(stacks: list[str], pins: dict[str, Any], include_unresolved: bool) -> list[tuple[str, dict[str, Any]]]:
+def locks_for(
+    stacks: list[str], pins: dict[str, Any], include_unresolved: bool
+) -> list[tuple[str, dict[str, Any]]]:
     """(stack, lock entry) once per lock file."""
     seen: set[str] = set()
     chosen = []
@@ -252,7 +270,9 @@ def locks_for(stacks: list[str], pins: dict[str, Any], include_unresolved: bool)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m containers.lock", description=__doc__.splitlines()[0])
     parser.add_argument("--stack", action="append", help="stack(s) to lock (default: every image stack)")
-    parser.add_argument("--check", action="store_true", help="resolve into a scratch dir and diff, write nothing")
+    parser.add_argument(
+        "--check", action="store_true", help="resolve into a scratch dir and diff, write nothing"
+    )
     parser.add_argument("--no-metadata", action="store_true", help="skip the Requires-Dist snapshot")
     parser.add_argument("--include-unresolved", action="store_true", help="also try locks marked unresolved")
     parser.add_argument("--extra-index-url", help="e.g. https://download.pytorch.org/whl/cpu (Ascend x86_64)")
@@ -273,7 +293,11 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if args.check:
                 old = committed.read_text() if committed.exists() else ""
-                diff = list(difflib.unified_diff(old.splitlines(), produced.read_text().splitlines(), lineterm="", n=0))
+                diff = list(
+                    difflib.unified_diff(
+                        old.splitlines(), produced.read_text().splitlines(), lineterm="", n=0
+                    )
+                )
                 print(f"lock: {committed.name}: {'drift' if diff else 'unchanged'}")
                 print("\n".join(diff[:60]))
                 failed += bool(diff)

@@ -61,7 +61,9 @@ def _read_zip_member(url: str, suffix: str) -> bytes:
     directory = _get(url, f"{cd_offset}-{cd_offset + cd_size - 1}")
     pos = 0
     while pos < len(directory) and directory[pos : pos + 4] == b"PK\x01\x02":
-        method, _, _, _, csize, _, nlen, elen, clen = struct.unpack("<HHHIIIHHH", directory[pos + 10 : pos + 34])
+        method, _, _, _, csize, _, nlen, elen, clen = struct.unpack(
+            "<HHHIIIHHH", directory[pos + 10 : pos + 34]
+        )
         offset = struct.unpack("<I", directory[pos + 42 : pos + 46])[0]
         fname = directory[pos + 46 : pos + 46 + nlen].decode()
         pos += 46 + nlen + elen + clen
