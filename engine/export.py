@@ -105,7 +105,12 @@ def verify_structure(out: Path, config: Any, dtype: Any) -> dict[str, Any]:
     expected, tied = expected_layout(config, dtype)
     found = read_exported(out)
     want_dtype = merge.SAFETENSORS_DTYPES[str(dtype)]
-    problems = [f"missing {k}" for k in sorted(set(expected) - set(found))]
+    fused = [k for k in found if k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))]
+    per_expert = [k for k in found if ".mlp.experts." in k]
+    problems = (
+        [f"fused expert tensors {fused[:2]}: transformers saves and loads per-expert keys"] if fused else []
+    )
+    problems += [f"missing {k}" for k in sorted(set(expected) - set(found))]
     problems += [f"unexpected {k}" for k in sorted(set(found) - set(expected))]
     for key in sorted(set(expected) & set(found)):
         shape, dt, _ = found[key]
@@ -113,10 +118,6 @@ def verify_structure(out: Path, config: Any, dtype: Any) -> dict[str, Any]:
             problems.append(f"{key} shape {shape} != {expected[key]}")
         if dt != want_dtype and dt in ("BF16", "F16", "F32", "F64"):
             problems.append(f"{key} dtype {dt} != {want_dtype}")
-    fused = [k for k in found if k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))]
-    per_expert = [k for k in found if ".mlp.experts." in k]
-    if fused:
-        problems.append(f"fused expert tensors {fused[:2]}: transformers saves and loads per-expert keys")
     if problems:
         raise UserError(f"export verification failed ({len(problems)} problems): {'; '.join(problems[:5])}")
     return {
