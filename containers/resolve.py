@@ -1,0 +1,104 @@
+"""`python -m containers.resolve`: fill the UNRESOLVED pins where the network allows it.
+
+Base image digests come from the registry (skopeo inspect), the FSDPTurbo commit from its repository
+(git ls-remote of the default branch: review it before committing), archive and installer checksums from
+downloading them once. Each placeholder string in pins.yaml is unique, so it is replaced in place and
+the file keeps its comments. Nothing is written unless every lookup that was asked for succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from containers.lock import ROOT
+from engine.pins import is_unresolved, load_pins
+
+PINS_FILE = ROOT / "containers" / "pins.yaml"
+
+
+def registry_digest(name: str) -> str:
+    out = subprocess.run(
+        ["skopeo", "inspect", "--format", "{{.Digest}}", f"docker://{name}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def remote_head(repository: str) -> str:
+    out = subprocess.run(["git", "ls-remote", repository, "HEAD"], capture_output=True, text=True, check=True)
+    return out.stdout.split()[0]
+
+
+def url_sha256(url: str) -> str:
+    digest = hashlib.sha256()
+    with urllib.request.urlopen(url, timeout=600) as response:
+        for chunk in iter(lambda: response.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def plan() -> list[tuple[str, Callable[[], str]]]:
+    """(placeholder, lookup) for every unresolved value, in dependency order (commit before archive)."""
+    pins = load_pins(PINS_FILE)
+    todo: list[tuple[str, Callable[[], str]]] = []
+    turbo = pins["fsdp_turbo"]
+    if is_unresolved(turbo["commit"]):
+        todo.append((turbo["commit"], lambda: remote_head(turbo["repository"])))
+    for stack in pins["stacks"].values():
+        base = stack.get("base_image", {})
+        if is_unresolved(base.get("digest")):
+            todo.append((base["digest"], lambda name=base["name"]: registry_digest(name)))
+        for item in stack.get("cann", {}).get("installers", []):
+            for arch, value in item["sha256"].items():
+                if is_unresolved(value):
+                    todo.append((value, lambda u=item["url"], a=arch: url_sha256(u.replace("{arch}", a))))
+        ascend = stack.get("vllm_ascend", {})
+        if is_unresolved(ascend.get("sha256")):
+            url = ascend["archive_url"].replace("{commit}", ascend["commit"])
+            todo.append((ascend["sha256"], lambda u=url: url_sha256(u)))
+    return todo
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m containers.resolve", description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="rewrite containers/pins.yaml (default: print)")
+    args = parser.parse_args(argv)
+    text = PINS_FILE.read_text()
+    seen: set[str] = set()
+    for placeholder, lookup in plan():
+        if placeholder in seen:
+            continue
+        seen.add(placeholder)
+        try:
+            value = lookup()
+        except (OSError, subprocess.CalledProcessError) as err:
+            print(f"resolve: {placeholder}: {err}", file=sys.stderr)
+            return 1
+        print(f"{placeholder} -> {value}")
+        text = text.replace(placeholder, value)
+    # the FSDPTurbo archive checksum depends on the commit just resolved
+    pins_now = yaml.safe_load(text)
+    turbo = pins_now["fsdp_turbo"]
+    if is_unresolved(turbo["sha256"]) and not is_unresolved(turbo["commit"]):
+        value = url_sha256(turbo["archive_url"].replace("{commit}", turbo["commit"]))
+        print(f"{turbo['sha256']} -> {value}")
+        text = text.replace(turbo["sha256"], value)
+    if args.write:
+        tmp = Path(str(PINS_FILE) + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(PINS_FILE)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
