@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     pre = sub.add_parser("preflight", help="check a plan before any allocation (exit 2 on problems)")
     _add_recipe_args(pre)
     pre.add_argument("--check-env", action="store_true", help="also check paths, imports and pins")
+    schema = sub.add_parser("schema", help="the recipe schema (JSON Schema, or the markdown reference)")
+    schema.add_argument("--format", choices=["json", "markdown"], default="json")
     for name, (_, help_text) in DELEGATED.items():
         sub.add_parser(name, help=help_text, add_help=False)
     return parser
@@ -65,6 +67,11 @@ def _delegate(target: str) -> Callable[[list[str]], int]:
 def _recipe_command(args: argparse.Namespace) -> int:
     from engine import plan, preflight, recipe
 
+    if args.command == "schema":
+        from engine import schema
+
+        print(schema.schema_markdown() if args.format == "markdown" else schema.schema_json())
+        return 0
     if args.command == "list":
         for name, description in recipe.list_recipes():
             print(f"{name:<22} {description}")
@@ -97,3 +104,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `... | head`
+        return 0

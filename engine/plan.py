@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -19,25 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import UserError
+from engine.hydra import Override
 from engine.models import Family, ModelSpec, lookup
 from engine.recipe import Recipe
 
 ARF = "actor_rollout_ref"
 ENTRYPOINT = ("-m", "verl.trainer.main_ppo")
 EXTERNAL_MODULE = "engine.verl_ext"
-
-
-@dataclass(frozen=True)
-class Override:
-    """One Hydra override; `prefix` is '', '+' (add a key absent from verl's schema) or '++'."""
-
-    key: str
-    value: Any
-    prefix: str = ""
-
-    @property
-    def text(self) -> str:
-        return f"{self.prefix}{self.key}={hydra_value(self.value, top=True)}"
 
 
 @dataclass
@@ -73,51 +60,6 @@ class Plan:
 
     def digest(self) -> str:
         return hashlib.sha256("\n".join(self.overrides).encode()).hexdigest()
-
-
-# ---------------------------------------------------------------- Hydra quoting
-_SAFE_UNQUOTED = re.compile(r"[A-Za-z0-9_/\-+.@]+")
-_NON_STRING = re.compile(
-    r"(?i)(true|false|null|[-+]?(\d[\d_]*)?(\.\d*)?(e[-+]?\d+)?|[-+]?inf|nan)",
-)
-_QUOTE_ESCAPE = re.compile(r"(\\*)('|$)")
-_KEY_SPECIAL = re.compile(r"([\\()\[\]{}:=, \t])")
-
-
-def escape_key(key: str) -> str:
-    """Dict keys cannot be quoted in Hydra: glob braces and other specials are backslash-escaped."""
-    return _KEY_SPECIAL.sub(r"\\\1", key)
-
-
-def _quote(text: str) -> str:
-    """Hydra quoted string: backslashes are literal except in a run before a quote or the end."""
-    body = _QUOTE_ESCAPE.sub(lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), text)
-    return f"'{body}'"
-
-
-def _string(text: str, top: bool) -> str:
-    """Unquoted when Hydra would read it back as the same string, quoted otherwise."""
-    plain = _SAFE_UNQUOTED.fullmatch(text) and not _NON_STRING.fullmatch(text)
-    if plain and not (not top and text.startswith(("+", "-"))):
-        return text
-    return _quote(text)
-
-
-def hydra_value(value: Any, top: bool = False) -> str:
-    if isinstance(value, bool):
-        return "True" if value else "False"
-    if value is None:
-        return "null"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return _string(value, top)
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(hydra_value(item) for item in value) + "]"
-    if isinstance(value, dict):
-        items = (f"{escape_key(str(k))}:{hydra_value(v)}" for k, v in value.items())
-        return "{" + ",".join(items) + "}"
-    raise TypeError(f"cannot express {type(value).__name__} as a Hydra value")
 
 
 # ---------------------------------------------------------------- paths
@@ -371,11 +313,15 @@ def compile_recipe(recipe: Recipe) -> Plan:
         *_trainer(recipe),
         *_extra(recipe),
     ]
-    seen: dict[str, int] = {}
-    for i, entry in enumerate(entries):
+    seen: set[str] = set()
+    for entry in entries:
         if entry.key in seen:
             raise UserError(f"verl key '{entry.key}' is emitted twice; remove it from verl_overrides")
-        seen[entry.key] = i
+        seen.add(entry.key)
+        try:
+            entry.text  # noqa: B018 - fail here, with the key named, not in the middle of a render
+        except ValueError as err:
+            raise UserError(f"verl key '{entry.key}': {err}") from None
     return Plan(recipe=recipe, model=model, entries=entries, env=_environment(recipe))
 
 

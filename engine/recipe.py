@@ -35,8 +35,10 @@ class Model(Section):
 
 
 class Data(Section):
-    dataset: Literal["geo3k", "gsm8k", "synthetic"]
-    train_files: str
+    dataset: Literal["geo3k", "gsm8k", "synthetic"] = Field(
+        description="what prepare-data writes for this run"
+    )
+    train_files: str = Field(description="verl RL parquet (~ and $VARS expand; relative to the working dir)")
     val_files: str
     train_batch_size: int = Field(gt=0)
     max_prompt_length: int = Field(gt=0)
@@ -59,7 +61,9 @@ class Optim(Section):
 
 
 class Actor(Section):
-    strategy: Literal["fsdp_turbo", "fsdp2", "fsdp"]
+    strategy: Literal["fsdp_turbo", "fsdp2", "fsdp"] = Field(
+        description="verl engine backend; ref follows it"
+    )
     optim: Optim
     ppo_mini_batch_size: int = Field(gt=0)
     ppo_micro_batch_size_per_device: int = Field(gt=0)
@@ -72,7 +76,9 @@ class Actor(Section):
     use_torch_compile: bool = False
     reshard_after_forward: bool = True
     entropy_checkpointing: bool = True
-    offload_policy: bool = True
+    offload_policy: bool = Field(
+        True, description="FSDP2 CPU offload; with fsdp_turbo it alone decides offload"
+    )
     param_offload: bool = True
     optimizer_offload: bool = True
 
@@ -88,7 +94,7 @@ class Ref(Section):
 
 class Rollout(Section):
     name: Literal["vllm", "hf"] = "vllm"
-    n: int = Field(gt=0)
+    n: int = Field(gt=0, description="responses per prompt (the GRPO group size)")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     ignore_eos: bool = False
     log_prob_micro_batch_size_per_device: int = Field(1, gt=0)
@@ -111,13 +117,13 @@ class Parallel(Section):
 
 
 class Turbo(Section):
-    recompute: bool = True
+    recompute: bool = Field(True, description="FSDPTurbo activation recompute of layers and vision blocks")
 
 
 class Cluster(Section):
-    device: Device
+    device: Device = Field(description="set by --device")
     nodes: int = Field(1, gt=0)
-    devices_per_node: int = Field(gt=0)
+    devices_per_node: int = Field(gt=0, description="trainer.n_gpus_per_node")
     device_memory_gib: float = Field(
         gt=0, description="memory of one accelerator, for the preflight estimate"
     )
@@ -127,7 +133,7 @@ class Trainer(Section):
     project_name: str
     experiment_name: str
     total_epochs: int = Field(15, gt=0)
-    total_training_steps: int | None = Field(None, gt=0)
+    total_training_steps: int | None = Field(None, gt=0, description="stop after N steps (else epochs)")
     save_freq: int = Field(description="save every N steps (and at the last step); -1 never")
     test_freq: int = -1
     val_before_train: bool = False
@@ -145,9 +151,11 @@ class Reward(Section):
 
 
 class Recipe(Section):
-    name: str
-    description: str
-    devices: list[Device] = Field(min_length=1)
+    name: str = Field(description="the file's stem; set by the loader, not written in YAML")
+    description: str = Field(description="one line shown by `list`")
+    devices: list[Device] = Field(
+        min_length=1, description="devices this run is made for; the first is default"
+    )
     model: Model
     data: Data
     algorithm: Algorithm = Algorithm()
@@ -181,7 +189,8 @@ def _yaml(text: str) -> Any:
 
 
 # Fields whose values are free-form mappings: their sub-keys are data, not schema.
-_MAPPING_FIELDS = {"env", "verl_overrides", "vllm_engine_kwargs"}
+MAPPING_FIELDS = {"env", "verl_overrides", "vllm_engine_kwargs"}
+FLAT_MAPPINGS = {"env", "verl_overrides"}
 
 
 def recipe_dir() -> Path:
@@ -248,7 +257,7 @@ def _check_keys(data: dict[str, Any], model: type[BaseModel], source: str, prefi
             hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
             raise UserError(f"{source}: unknown key '{prefix}{key}'{hint}")
         sub = _section_type(model, key)
-        if sub is not None and key not in _MAPPING_FIELDS:
+        if sub is not None and key not in MAPPING_FIELDS:
             if not isinstance(value, dict):
                 raise UserError(f"{source}: '{prefix}{key}' must be a mapping, got {type(value).__name__}")
             _check_keys(value, sub, source, f"{prefix}{key}.")
@@ -313,9 +322,12 @@ def _apply_set(data: dict[str, Any], item: str) -> None:
                 hint = f" (did you mean '{stem + '.' if stem else ''}{close[0]}'?)" if close else ""
                 raise UserError(f"--set {item}: unknown recipe path '{dotted}'{hint}")
             section = _section_type(model, part)
-            if section is not None and last and part not in _MAPPING_FIELDS:
+            if section is not None and last and part not in MAPPING_FIELDS:
                 raise UserError(f"--set {item}: '{dotted}' is a section; set one of its fields")
-            model = None if part in _MAPPING_FIELDS else section
+            model = None if part in MAPPING_FIELDS else section
+            if part in FLAT_MAPPINGS and not last:  # verl keys and env names are single keys
+                node.setdefault(part, {})[".".join(parts[depth + 1 :])] = value
+                return
         if last:
             node[part] = value
         else:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import OverrideType
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from engine import plan, recipe
+from engine import hydra, plan, recipe
 
 FIXTURES = Path(__file__).parent / "fixtures" / "upstream"
 
@@ -127,7 +130,7 @@ def test_every_override_round_trips_through_hydra_grammar() -> None:
     ],
 )
 def test_hydra_value_round_trips_awkward_values(value: object) -> None:
-    text = plan.Override("k", value).text
+    text = hydra.Override("k", value).text
     (override,) = PARSER.parse_overrides([text])
     assert override.value() == value, text
 
@@ -177,3 +180,41 @@ def test_json_format_carries_digest() -> None:
     assert doc["overrides"] == compiled.overrides
     assert doc["overrides_sha256"] == compiled.digest()
     assert "engine.verl_ext" in doc["env"]["VERL_USE_EXTERNAL_MODULES"]
+
+
+_texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+
+
+_keys = st.text(alphabet="abcXYZ019_-/+.$%*@?|\\()[]{}:=, ", min_size=1, max_size=12).filter(
+    lambda k: not hydra._NON_STRING.fullmatch(k)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.one_of(_texts, st.lists(_texts, max_size=3), st.dictionaries(_keys, _texts, max_size=3)))
+def test_any_string_round_trips_through_hydra(value: object) -> None:
+    text = hydra.Override("k", value).text
+    try:
+        (override,) = PARSER.parse_overrides([text])
+    except Exception as err:  # pragma: no cover - the assertion message is the point
+        raise AssertionError(f"Hydra cannot parse {text!r}: {err}") from None
+    assert override.value() == value, text
+
+
+def test_recipe_schema_doc_is_generated_from_the_code() -> None:
+    from engine.schema import schema_markdown
+
+    doc = Path(__file__).parent.parent / "docs" / "recipe-schema.md"
+    assert doc.read_text() == schema_markdown() + "\n", (
+        "run: python -m engine schema --format markdown > docs/recipe-schema.md"
+    )
+
+
+@pytest.mark.parametrize("key", ["0", "true", "it's", "ключ", "#x"])
+def test_unwritable_dict_keys_are_refused_with_the_verl_key_named(key: str) -> None:
+    with pytest.raises(ValueError):
+        hydra.Override("k", {key: 1}).text  # noqa: B018
+    from engine.errors import UserError
+
+    with pytest.raises(UserError, match=r"verl key 'x\.y'"):
+        plan.compile_recipe(recipe.load("tiny_cpu", "cpu", [f"verl_overrides.x.y={json.dumps({key: 1})}"]))
