@@ -30,7 +30,8 @@ from engine.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODELS = {"tiny-qwen35", "tiny-qwen35-moe"}
-console = Console(stderr=False, highlight=False)
+console = Console(highlight=False, soft_wrap=True)
+errors = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 # ------------------------------------------------------------------------------------------- planning
@@ -162,6 +163,23 @@ def execute(command: list[str], env: dict[str, str], log_path: Path, metrics: Pa
     return proc.returncode
 
 
+RAY_START_TIMEOUT = "The current node timed out during startup"
+
+
+def _ray_start_timed_out(log_path: Path) -> bool:
+    """Ray gives its raylet a hard-coded 30 s to register; on a saturated host that can fail before
+    anything of the run has started, which is safe to retry."""
+    text = log_path.read_text(errors="replace")
+    return RAY_START_TIMEOUT in text and "step:" not in text
+
+
+def outcome(code: int, rows: list[dict[str, Any]], total: int | None) -> tuple[int, bool]:
+    """(exit code to return, whether this launch trained): verl's 0 counts only with steps up to target."""
+    last = max((int(row["step"]) for row in rows), default=0)
+    trained = bool(rows) and (total is None or last >= total)
+    return (code if code != 0 else (0 if trained else 1)), trained
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -177,7 +195,7 @@ def run_main(argv: list[str]) -> int:
     problems = preflight.check(p, check_env=False) + _missing_paths(p)
     if problems:
         for problem in problems:
-            console.print(f"preflight: {problem}", style="red")
+            errors.print(f"preflight: {problem}", style="red")
         return 2
     _atomic_write(out / "launch.sh", plan_mod.render(p, "script"))
     _atomic_write(out / "overrides.txt", plan_mod.render(p, "overrides"))
@@ -186,12 +204,15 @@ def run_main(argv: list[str]) -> int:
     r = p.recipe
     console.print(f"[bold]{r.name}[/bold] on {r.cluster.device} x{p.world_size}: log {out / 'train.log'}")
     started, t0 = _now(), time.monotonic()
-    code = execute(p.command, launch_env(p, out), out / "train.log", out / "metrics.jsonl", total)
+    for attempt in (1, 2):
+        code = execute(p.command, launch_env(p, out), out / "train.log", out / "metrics.jsonl", total)
+        if attempt == 2 or code == 0 or not _ray_start_timed_out(out / "train.log"):
+            break
+        console.print("Ray's node did not come up within its fixed 30 s (machine overloaded?); retrying once")
     rows = read_metrics(out / "metrics.jsonl")
     last = max((int(row["step"]) for row in rows), default=0)
-    trained = bool(rows) and (total is None or last >= total)
-    status = "ok" if code == 0 and trained else "failed"
-    result = code if code != 0 else (0 if trained else 1)
+    result, trained = outcome(code, rows, total)
+    status = "ok" if result == 0 else "failed"
     record = {
         "recipe": r.name,
         "device": r.cluster.device,
