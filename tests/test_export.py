@@ -146,6 +146,7 @@ def test_verification_rejects_fused_experts_and_wrong_keys(tmp_path: Path) -> No
     config = transformers.Qwen3_5MoeConfig(
         text_config=TEXT | dict(num_experts=2, num_experts_per_tok=1, moe_intermediate_size=8),
         vision_config=VISION,
+        architectures=["Qwen3_5MoeForConditionalGeneration"],
     )
     with torch.device("meta"):
         state = transformers.Qwen3_5MoeForConditionalGeneration(config).state_dict()
