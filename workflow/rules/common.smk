@@ -1,0 +1,179 @@
+# Shared helpers: config checks, recipe resolution and the launch commands of the rules.
+# Bad input stops the workflow here, before any job, with one line naming the key and the fix.
+
+import functools
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from engine import recipe as engine_recipe
+from engine.errors import UserError
+
+RECIPES = dict(engine_recipe.list_recipes())
+# target rule -> recipe; `run` takes its recipe from --config recipe=NAME
+TARGETS = {
+    "run_qwen35_35b": "qwen35_35b",
+    "run_qwen35_27b": "qwen35_27b",
+    "smoke_cpu": "tiny_cpu",
+    "ci_smoke_gpu": "smoke_qwen35_0p8b",
+    "ci_smoke_npu": "smoke_qwen35_2b",
+}
+
+
+def fail(message):
+    """End the workflow before any job with a single line."""
+    sys.exit(f"error: {message}")
+
+
+def validate_config(schema_path):
+    """JSON-schema check with one readable line per problem (Snakemake's own message is a page)."""
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    errors = list(jsonschema.Draft202012Validator(schema).iter_errors(config))
+    if errors:
+        err = jsonschema.exceptions.best_match(errors)
+        key = ".".join(str(part) for part in err.absolute_path) or "config"
+        fail(f"--config {key}: {err.message} (allowed values: {schema_path})")
+    if config.get("recipe") is not None and config["recipe"] not in RECIPES:
+        fail(
+            f"--config recipe={config['recipe']}: no such recipe; known: {', '.join(RECIPES)}"
+        )
+
+
+def python():
+    """Interpreter of `python -m engine`: the configured one, `python` in containers, else ours."""
+    if config.get("python"):
+        return config["python"]
+    return (
+        "python" if workflow.deployment_settings.deployment_method else sys.executable
+    )
+
+
+@functools.cache
+def resolved(name):
+    """(Recipe, device) for one recipe under this invocation's device, nodes and --set values."""
+    if name not in RECIPES:
+        fail(f"recipe {name!r} does not exist; known: {', '.join(RECIPES)}")
+    try:
+        devices = list(engine_recipe.load(name).devices)
+        device = devices[0] if len(devices) == 1 else config["device"]
+        if device not in devices:
+            fail(
+                f"recipe {name} runs on {'/'.join(devices)}, not {device}; pass --config device={devices[0]}"
+            )
+        return (
+            engine_recipe.load(name, device=device, sets=base_sets(name, device)),
+            device,
+        )
+    except UserError as err:
+        fail(f"recipe {name}: {err}")
+
+
+def nodes(device):
+    return 1 if device == "cpu" else int(config["nodes"])
+
+
+def run_dir(name, kind):
+    return f"results/{name}/{kind}"
+
+
+def base_sets(name, device):
+    """Every launch of a recipe reads the data prepare_data wrote, on the configured nodes."""
+    data = Path(f"results/{name}/data").resolve()
+    sets = [
+        f"data.train_files={data / 'train.parquet'}",
+        f"data.val_files={data / 'test.parquet'}",
+    ]
+    sets.append(f"cluster.nodes={nodes(device)}")
+    return sets + list(config["sets"])
+
+
+def smoke_sets(name):
+    """Same plan, `steps` steps, one small batch: a broken environment fails in minutes."""
+    recipe, _ = resolved(name)
+    batch = config["smoke_batch"] or recipe.actor.ppo_mini_batch_size
+    return [
+        f"trainer.total_training_steps={config['smoke_steps']}",
+        f"data.train_batch_size={batch}",
+        f"actor.ppo_mini_batch_size={min(batch, recipe.actor.ppo_mini_batch_size)}",
+    ]
+
+
+def launch_command(name, kind):
+    """The argv of one run: `engine run` on one node, a Ray cluster bring-up on several."""
+    recipe, device = resolved(name)
+    sets = base_sets(name, device) + (smoke_sets(name) if kind == "smoke" else [])
+    tail = [name, "--device", device]
+    for item in sets:
+        tail += ["--set", item]
+    tail += ["--out", run_dir(name, kind)]
+    if nodes(device) == 1:
+        return shlex.join([python(), "-m", "engine", "run", *tail])
+    head = [python(), "-m", "engine.cluster", "launch", "--nodes", str(nodes(device))]
+    head += ["--cpus-per-node", str(config["cpus_per_node"])]
+    if config["ray_port"]:
+        head += ["--port", str(config["ray_port"])]
+    return shlex.join([*head, *tail])
+
+
+def run_resources(name):
+    """Slurm resources of a training job: one task per node owning all of its devices."""
+    recipe, device = resolved(name)
+    if device == "cpu":
+        return {}
+    count = nodes(device)
+    res = {
+        "nodes": count,
+        "cpus_per_task": config["cpus_per_node"],
+        "gres": config["gres"][device].format(n=recipe.cluster.devices_per_node),
+        # no --ntasks-per-gpu (slurm plugin #316: Ray launched once per GPU)
+        "tasks_per_gpu": 0,
+    }
+    if count > 1:
+        # the job's shell runs on the first node and starts one Ray node per host with srun
+        res |= {"tasks": count, "mpi": "srun"}
+    return res
+
+
+def resource(key, default=None):
+    """A resource of the train/smoke rules, computed from the recipe of the job."""
+    return lambda wildcards: run_resources(wildcards.recipe).get(key, default)
+
+
+def image(wildcards):
+    """The pinned image of the recipe's device (None: run on the host); the tiny assets are CPU work."""
+    name = getattr(wildcards, "recipe", None)
+    return config["containers"][resolved(name)[1] if name else "cpu"]
+
+
+def dataset_args(wildcards):
+    recipe, _ = resolved(wildcards.recipe)
+    dataset = recipe.data.dataset
+    if dataset == "synthetic":
+        return f"--dataset synthetic --seed {config['synthetic_seed']}"
+    raw = config.get(f"{dataset}_raw")
+    if raw:
+        return f"--dataset {dataset} --raw {shlex.quote(raw)}"
+    if config["hub"]:
+        return f"--dataset {dataset} --hub"
+    fail(
+        f"recipe {wildcards.recipe} needs raw {dataset}: set --config {dataset}_raw=PATH "
+        "(offline copy) or hub=true (online)"
+    )
+
+
+def model_inputs(wildcards):
+    """Tiny recipes train the random-init model that tiny_assets builds; real ones a local checkpoint."""
+    recipe, _ = resolved(wildcards.recipe)
+    return ["results/assets/assets.json"] if recipe.data.dataset == "synthetic" else []
+
+
+def targets(name):
+    """Everything one recipe's run ends in: the provenance record and the report curves."""
+    return [
+        f"results/{name}/train/provenance.json",
+        f"results/{name}/report/curves.png",
+    ]

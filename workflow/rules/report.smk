@@ -1,0 +1,25 @@
+# Reward and loss curves from verl's metrics JSONL, for `snakemake --report`.
+
+
+rule plot_curves:
+    input:
+        "results/{recipe}/train/run.json",
+    output:
+        report(
+            "results/{recipe}/report/curves.png",
+            caption="../report/curves.rst",
+            category="Training",
+            subcategory="{recipe}",
+        ),
+    log:
+        "results/{recipe}/logs/plot_curves.log",
+    container:
+        image
+    params:
+        # earlier attempts of a resumed run first, so the latest value of a step wins
+        metrics=lambda wc: [
+            f"results/{wc.recipe}/train/metrics.earlier.jsonl",
+            f"results/{wc.recipe}/train/metrics.jsonl",
+        ],
+    script:
+        "../scripts/plot_curves.py"

@@ -1,0 +1,85 @@
+"""Reward and loss curves of one training run from verl's metrics JSONL (for `snakemake --report`).
+
+Lines are verl's file-logger records `{"step": N, "data": {...}}` (a flat `{"step": N, ...}` is read
+too). A resumed run may log a step twice; the latest line wins.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
+LOSS_KEYS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy")
+
+
+def read_metrics(path: Path) -> dict[int, dict[str, float]]:
+    """step -> metrics, skipping blank or torn lines (a killed run can leave half a line)."""
+    steps: dict[int, dict[str, float]] = {}
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict) or "step" not in record:
+            continue
+        data = record.get("data", record)
+        numbers = {k: float(v) for k, v in data.items() if isinstance(v, int | float) and k != "step"}
+        steps[int(record["step"])] = numbers
+    return dict(sorted(steps.items()))
+
+
+def plot(metrics: dict[int, dict[str, float]], out: Path, title: str) -> list[str]:
+    """Write the figure; returns the metric names drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+    drawn = []
+    for ax, keys, label in ((axes[0], REWARD_KEYS, "reward"), (axes[1], LOSS_KEYS, "loss")):
+        for key in keys:
+            points = [(step, values[key]) for step, values in metrics.items() if key in values]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(xs, ys, marker="o", label=key)
+                drawn.append(key)
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, f"no {label} metrics logged", ha="center", va="center", transform=ax.transAxes)
+    fig.suptitle(title)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return drawn
+
+
+def main(paths: list[str], out: str, title: str) -> int:
+    """Merge the files in order (a later file's step wins), then plot."""
+    metrics: dict[int, dict[str, float]] = {}
+    for path in map(Path, paths):
+        if path.is_file():
+            metrics.update(read_metrics(path))
+    if not metrics:
+        print(f"error: no step records in {', '.join(paths)}; did train log metrics?", file=sys.stderr)
+        return 1
+    metrics = dict(sorted(metrics.items()))
+    drawn = plot(metrics, Path(out), title)
+    print(f"{out}: {len(metrics)} steps, {', '.join(drawn) or 'no known metrics'}")
+    return 0
+
+
+if __name__ == "__main__":
+    if "snakemake" in globals():
+        sm = globals()["snakemake"]
+        with open(sm.log[0], "w") as log:
+            sys.stdout = sys.stderr = log
+            code = main(list(sm.params.metrics), sm.output[0], f"{sm.wildcards.recipe}: reward and loss")
+        sys.exit(code)
+    sys.exit(main(sys.argv[3:], sys.argv[1], sys.argv[2]))
