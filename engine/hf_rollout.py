@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 from collections import Counter
 from typing import Any
 
@@ -63,6 +64,33 @@ def load_model(path: str, trust_remote_code: bool = False) -> torch.nn.Module:
     return model.eval()
 
 
+_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<index>\d+)\.(?P<proj>(gate|up|down)_proj)\.weight$")
+
+
+def fuse_experts(weights: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """verl exports MoE experts one by one (`experts.{i}.{gate,up,down}_proj.weight`, the inference-engine
+    layout); transformers keeps them fused (`experts.gate_up_proj` [E, 2I, H] with gate first,
+    `experts.down_proj` [E, H, I]). Fuse when the model has the fused parameters."""
+    grouped: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        match = _EXPERT.match(name)
+        if match and f"{match['prefix']}.gate_up_proj" in own:
+            by_proj = grouped.setdefault(match["prefix"], {})
+            by_proj.setdefault(match["proj"], {})[int(match["index"])] = tensor
+        else:
+            out[name] = tensor
+    for prefix, projs in grouped.items():
+        count = own[f"{prefix}.gate_up_proj"].shape[0]
+        if any(sorted(projs.get(p, {})) != list(range(count)) for p in ("gate_proj", "up_proj", "down_proj")):
+            raise KeyError(f"hf rollout: incomplete expert set under {prefix} (expected {count} experts)")
+        out[f"{prefix}.gate_up_proj"] = torch.stack(
+            [torch.cat([projs["gate_proj"][e], projs["up_proj"][e]], dim=0) for e in range(count)]
+        )
+        out[f"{prefix}.down_proj"] = torch.stack([projs["down_proj"][e] for e in range(count)])
+    return out
+
+
 class HFRolloutServer:
     """Token-in/token-out server verl's LLMServerClient calls (`generate`) plus lifecycle no-ops."""
 
@@ -93,6 +121,7 @@ class HFRolloutServer:
     def load_weights(self, weights: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
         """Copy a full state dict in; every name must exist in the model (a silent no-op sync is the bug)."""
         own = self.model.state_dict()
+        weights = fuse_experts(weights, own)
         unknown = sorted(set(weights) - set(own))
         if unknown:
             raise KeyError(f"hf rollout: {len(unknown)} synced tensors not in the model, e.g. {unknown[:3]}")

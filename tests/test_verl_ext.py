@@ -209,3 +209,43 @@ def test_hf_server_weight_sync_changes_outputs_and_rejects_unknown_names(tiny_mo
     assert not torch.allclose(before, after)
     out = asyncio.run(server.generate(prompt_ids=prompt, sampling_params={"temperature": 1.0}))
     assert out.extra_fields["global_steps"] == 3
+
+
+def test_hf_server_fuses_per_expert_weights_from_verl(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """verl syncs MoE experts one by one; the transformers model keeps them fused (gate before up)."""
+    import torch
+
+    from engine import assets
+    from engine.hf_rollout import fuse_experts
+
+    out = tmp_path_factory.mktemp("moe-assets")
+    assets.build_all(out, seed=0, train_size=2, test_size=1)
+    server = _server(out / "tiny-qwen35-moe")
+    own = {name: tensor.clone() for name, tensor in server.model.state_dict().items()}
+    split: dict[str, torch.Tensor] = {}
+    for name, tensor in own.items():
+        if name.endswith("experts.gate_up_proj"):
+            prefix, half = name.removesuffix(".gate_up_proj"), tensor.shape[1] // 2
+            for e in range(tensor.shape[0]):
+                split[f"{prefix}.{e}.gate_proj.weight"] = tensor[e, :half] + 0.1
+                split[f"{prefix}.{e}.up_proj.weight"] = tensor[e, half:] + 0.2
+        elif name.endswith("experts.down_proj"):
+            prefix = name.removesuffix(".down_proj")
+            for e in range(tensor.shape[0]):
+                split[f"{prefix}.{e}.down_proj.weight"] = tensor[e] + 0.3
+        else:
+            split[name] = tensor
+    assert any(".experts.0.gate_proj.weight" in name for name in split)
+    server.load_weights(split)
+    new = server.model.state_dict()
+    fused = [name for name in new if name.endswith("experts.gate_up_proj")]
+    assert fused
+    for name in fused:
+        half = new[name].shape[1] // 2
+        assert torch.allclose(new[name][:, :half], own[name][:, :half] + 0.1)
+        assert torch.allclose(new[name][:, half:], own[name][:, half:] + 0.2)
+        down = name.replace("gate_up_proj", "down_proj")
+        assert torch.allclose(new[down], own[down] + 0.3)
+    incomplete = {k: v for k, v in split.items() if ".experts.3." not in k}
+    with pytest.raises(KeyError, match="incomplete expert set"):
+        fuse_experts(incomplete, new)
