@@ -18,7 +18,7 @@ SECRETS = {
     "WANDB_API_KEY": "0123456789abcdef0123456789abcdef",
     "NCCL_SOCKET_TOKEN": "nccl-secret-value-42",
     "MY_DB_PASSWORD": "correct-horse-battery",
-    "RAY_ADDRESS": "https://alice:s3cr3tpw@ray.example.com:8265",
+    "ENGINE_MIRROR_URL": "https://alice:s3cr3tpw@mirror.example.com/simple",
 }
 
 
@@ -36,7 +36,13 @@ def test_scrub_removes_planted_credentials_and_keeps_the_rest() -> None:
 
 
 def test_redact_env_keeps_only_the_allowlist_and_masks_credentials() -> None:
-    env = SECRETS | {"NCCL_DEBUG": "WARN", "CUDA_VISIBLE_DEVICES": "0,1", "HOME": "/root", "PATH": "/bin"}
+    env = SECRETS | {
+        "RAY_ADDRESS": "https://alice:s3cr3tpw@ray.example.com:8265",
+        "NCCL_DEBUG": "WARN",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "HOME": "/root",
+        "PATH": "/bin",
+    }
     kept = provenance.redact_env(env)
     assert kept["NCCL_DEBUG"] == "WARN" and kept["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert "HOME" not in kept and "HF_TOKEN" not in kept and "WANDB_API_KEY" not in kept
