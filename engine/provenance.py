@@ -66,6 +66,20 @@ def scrub(text: str, env: dict[str, str] | None = None) -> str:
     return text
 
 
+def scrub_obj(value: Any, env: dict[str, str] | None = None) -> Any:
+    """`scrub` applied to every string of a JSON-like structure; values under secret-looking keys masked."""
+    if isinstance(value, str):
+        return scrub(value, env)
+    if isinstance(value, list):
+        return [scrub_obj(v, env) for v in value]
+    if isinstance(value, dict):
+        return {
+            k: REDACTED if SECRET_NAME.search(str(k)) and isinstance(v, str) else scrub_obj(v, env)
+            for k, v in value.items()
+        }
+    return value
+
+
 def redact_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
     """The allowlisted part of an environment, with credential-like names masked and values scrubbed."""
     env = dict(env)
@@ -286,7 +300,7 @@ def build_record(run_dir: Path, exports: list[Path], data: list[Path], repo: Pat
             "per_step": rows,
         },
     }
-    return json.loads(scrub(json.dumps(record)))
+    return scrub_obj(record)
 
 
 def ro_crate(record: dict[str, Any]) -> dict[str, Any]:
@@ -406,7 +420,7 @@ def ro_crate(record: dict[str, Any]) -> dict[str, Any]:
 
 def _write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(scrub(text))
+    tmp.write_text(text)  # callers pass structures already through scrub_obj
     os.replace(tmp, path)
 
 
@@ -417,7 +431,7 @@ def write(run_dir: Path, exports: list[Path] = (), data: list[Path] = (), repo: 
     repo = repo or Path(__file__).resolve().parent.parent
     record = build_record(run_dir, [Path(e) for e in exports], [Path(d) for d in data], repo)
     _write(run_dir / "provenance.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
-    _write(run_dir / "ro-crate-metadata.json", json.dumps(ro_crate(record), indent=2) + "\n")
+    _write(run_dir / "ro-crate-metadata.json", json.dumps(scrub_obj(ro_crate(record)), indent=2) + "\n")
     return run_dir / "provenance.json"
 
 
