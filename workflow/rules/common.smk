@@ -88,6 +88,10 @@ def base_sets(name, device):
         f"data.val_files={data / 'test.parquet'}",
     ]
     sets.append(f"cluster.nodes={nodes(device)}")
+    model = engine_recipe.load(name, device=device).model.path
+    if model.startswith("results/assets/"):
+        # tiny recipes: the model tiny_assets built, by absolute path (verl runs from the repo root)
+        sets.append(f"model.path={Path(model).resolve()}")
     return sets + list(config["sets"])
 
 

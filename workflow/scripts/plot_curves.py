@@ -4,8 +4,6 @@ Lines are verl's file-logger records `{"step": N, "data": {...}}` (a flat `{"ste
 too). A resumed run may log a step twice; the latest line wins.
 """
 
-from __future__ import annotations
-
 import json
 import sys
 from pathlib import Path

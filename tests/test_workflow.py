@@ -1,0 +1,165 @@
+"""The Snakemake workflow: dry-run DAGs for every target, lint, format, bad config, and the real CPU chain."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+FIVE = {"prepare_data", "smoke", "train", "export", "provenance"}
+TARGETS = ["run_qwen35_35b", "run_qwen35_27b", "smoke_cpu", "ci_smoke_gpu", "ci_smoke_npu"]
+
+
+def snakemake(*args: str, cwd: Path = ROOT, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(SNAKEMAKE), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def job_counts(stdout: str) -> dict[str, int]:
+    """Rule -> count from the 'Job stats' table of a dry run."""
+    table = stdout.split("Job stats:", 1)[1].split("Reasons:", 1)[0]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", TARGETS)
+def test_dry_run_resolves_every_device_and_node_count(target: str, tmp_path: Path) -> None:
+    for device in ("gpu", "npu"):
+        for nodes in (1, 2):
+            proc = snakemake("-n", "-p", target, "--config", f"device={device}", f"nodes={nodes}", "hub=True")
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            counts = job_counts(proc.stdout)
+            assert set(counts) >= FIVE and counts["train"] == 1, counts
+            train = proc.stdout.split("rule train:", 1)[1].split("\n\n", 1)[0]
+            multi = nodes == 2 and target != "smoke_cpu"
+            assert ("-m engine.cluster launch --nodes 2" in train) == multi
+            assert ("-m engine run" in train) == (not multi)
+            if multi:
+                assert "mpi=srun" in train and "nodes=2" in train and "tasks=2" in train
+
+
+def test_lint_and_snakefmt_are_clean() -> None:
+    lint = snakemake("--lint")
+    assert lint.returncode == 0 and "Congratulations" in lint.stdout + lint.stderr, lint.stdout[-3000:]
+    fmt = subprocess.run(
+        [str(Path(sys.executable).parent / "snakefmt"), "--check", "Snakefile", "workflow"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert fmt.returncode == 0, fmt.stderr
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (["device=tpu"], "error: --config device: 'tpu' is not one of ['gpu', 'npu', 'cpu']"),
+        (["nodes=0"], "error: --config nodes: 0 is less than the minimum of 1"),
+        (["recipe=qwen99"], "error: --config recipe=qwen99: no such recipe; known: qwen35_27b"),
+        (["device=cpu"], "error: recipe qwen35_35b runs on gpu/npu, not cpu; pass --config device=gpu"),
+        ([], "error: recipe qwen35_35b needs raw geo3k: set --config geo3k_raw=PATH"),
+        (["hub=True", "sets=[parallel.nope=1]"], "error: recipe qwen35_35b:"),
+    ],
+)
+def test_bad_config_stops_before_any_job_with_one_line(config: list[str], message: str) -> None:
+    before = set((ROOT / "results").glob("qwen35_35b*")) if (ROOT / "results").exists() else set()
+    proc = (
+        snakemake("-n", "run_qwen35_35b", "--config", *config)
+        if config
+        else snakemake("-n", "run_qwen35_35b")
+    )
+    assert proc.returncode != 0
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(message), proc.stderr[-1500:]
+    assert "Traceback" not in proc.stderr and "rule train" not in proc.stdout
+    after = set((ROOT / "results").glob("qwen35_35b*")) if (ROOT / "results").exists() else set()
+    assert after == before
+
+
+def test_run_target_needs_a_recipe() -> None:
+    proc = snakemake("-n", "run")
+    assert proc.returncode != 0 and "error: the run target needs --config recipe=NAME" in proc.stderr
+    ok = snakemake("-n", "run", "--config", "recipe=qwen35_27b", "device=npu", "hub=True")
+    assert ok.returncode == 0 and set(job_counts(ok.stdout)) >= FIVE
+
+
+def _workdir(tmp_path: Path) -> Path:
+    """A copy of the workflow and recipes, so the real run writes results/ under tmp_path."""
+    work = tmp_path / "wf"
+    work.mkdir()
+    for name in ("Snakefile", "workflow", "recipes", "profiles"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name)
+    return work
+
+
+def _engine_run_pid(parent: int, rundir: str) -> int | None:
+    import psutil
+
+    for child in psutil.Process(parent).children(recursive=True):
+        try:
+            cmd = child.cmdline()
+        except psutil.Error:
+            continue
+        if cmd[1:4] == ["-m", "engine", "run"] and rundir in cmd:
+            return child.pid
+    return None
+
+
+@pytest.mark.slow
+def test_smoke_cpu_chain_noop_rerun_and_resume_after_kill(tmp_path: Path) -> None:
+    """Real chain on CPU: data, 1-step smoke, 2-step train (killed after step 1, then resumed),
+    export, provenance, curves; a second invocation has nothing to do."""
+    work = _workdir(tmp_path)
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    args = [str(SNAKEMAKE), "--cores", "2", "--profile", "profiles/local", "smoke_cpu"]
+    args += ["--config", "sets=[trainer.save_freq=1]"]
+    marker = work / "results/tiny_cpu/train/checkpoints/latest_checkpointed_iteration.txt"
+    first = subprocess.Popen(args, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 900
+    while not (marker.exists() and marker.read_text().strip() == "1"):
+        assert first.poll() is None and time.monotonic() < deadline, "train never saved step 1"
+        time.sleep(1)
+    pid = _engine_run_pid(first.pid, "results/tiny_cpu/train")
+    assert pid is not None
+    os.kill(pid, signal.SIGINT)  # interrupt the train rule mid-run (engine run stops verl's tree)
+    out = first.communicate(timeout=300)[0].decode()
+    assert first.returncode != 0, out[-2000:]
+    assert not (work / "results/tiny_cpu/train/run.json").exists()  # no success recorded
+
+    resumed = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=1200)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    run = json.loads((work / "results/tiny_cpu/train/run.json").read_text())
+    assert run["status"] == "ok" and run["last_step"] == 2 and run["steps_done"] == 1  # step 2 only
+    earlier = (work / "results/tiny_cpu/train/metrics.earlier.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in earlier] == [1]
+    assert marker.read_text().strip() == "2"
+    export = work / "results/tiny_cpu/export"
+    assert (export / "model.safetensors").is_file() and (export / "config.json").is_file()
+    assert (work / "results/tiny_cpu/train/provenance.json").is_file()
+    assert (work / "results/tiny_cpu/report/curves.png").stat().st_size > 10_000
+    for rule in FIVE:
+        assert (work / f"results/tiny_cpu/logs/{rule}.log").exists()
+
+    again = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+    report = subprocess.run(
+        [str(SNAKEMAKE), "--cores", "1", "smoke_cpu", "--report", "report.html"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "curves.png" in (work / "report.html").read_text(errors="replace")
