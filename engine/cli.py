@@ -24,6 +24,9 @@ DELEGATED: dict[str, tuple[str, str]] = {
     "provenance": ("engine.provenance:cli_main", "write or verify a run record"),
     "rerun": ("engine.provenance:rerun_main", "re-launch a run from its provenance record"),
     "verify-env": ("engine.pins:cli_main", "compare installed versions with the container pins"),
+    "cluster": ("engine.cluster:cli_main", "bring up a multi-node Ray cluster in a Slurm job"),
+    "wheelhouse": ("engine.wheelhouse:cli_main", "build or install an offline wheel bundle"),
+    "bench-gpu": ("engine.gpu_bench:cli_main", "GPU training throughput and memory of the verl engine"),
 }
 
 
