@@ -102,8 +102,11 @@ def test_checkpoint_exports_and_differs_from_init(dense_run: dict, tiny_assets: 
     changed = [
         name for name in text_params if not torch.equal(initial[name].to(trained[name].dtype), trained[name])
     ]
-    # Every text-model tensor took an Adam step; the vision tower sees no images and may not.
-    assert len(changed) == len(text_params), sorted(set(text_params) - set(changed))[:5]
+    # Every text-model matrix took an Adam step (the vision tower sees no images). The export is bf16, so
+    # a 1-D parameter near 1.0 (e.g. dt_bias) can round back to its initial value after two lr=1e-3 steps.
+    matrices = [name for name in text_params if initial[name].ndim >= 2]
+    assert set(matrices) <= set(changed), sorted(set(matrices) - set(changed))[:5]
+    assert len(changed) >= 0.9 * len(text_params)
 
 
 def test_same_seed_same_step1_metrics(dense_run: dict, tiny_assets: Path, tmp_path: Path) -> None:
