@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -120,19 +122,23 @@ def test_two_node_ray_cluster_comes_up_and_env_reaches_both_nodes(tmp_path: Path
         port=_free_port(),
         join_timeout_s=90,
     )
+    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
     script = tmp_path / "ray_cluster.sh"
     script.write_text(cluster.render(bring_up))
     env = {
         "PATH": f"{tmp_path / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin",
         "SLURM_JOB_ID": "4242",
         "HOME": str(tmp_path),
-        "RAY_TMPDIR": str(tmp_path / "ray"),
+        "RAY_TMPDIR": ray_tmp,  # short: Ray's socket paths must stay under 107 bytes
         "PYTHONPATH": str(ROOT),
     }
-    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=200)
+    try:
+        proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=200)
+    finally:
+        leftover = subprocess.run(["pgrep", "-f", ray_tmp], capture_output=True, text=True).stdout.strip()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "NODES 2 SEEN ['reached', 'reached']" in proc.stdout
     srun_calls = calls.read_text().splitlines()
     assert sum("--head" in c for c in srun_calls) == 1 and sum("--address=" in c for c in srun_calls) == 1
-    leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "ray")], capture_output=True, text=True)
-    assert leftover.stdout.strip() == ""
+    assert leftover == ""  # the trap stopped every Ray process of this cluster
