@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.errors import UserError
+from engine.redact import redact_env, scrub, secret_values
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_MODELS = {"tiny-qwen35", "tiny-qwen35-moe"}
@@ -45,8 +46,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 
 def _atomic_write(path: Path, text: str) -> None:
+    """Every file a run writes goes through the credential scrubber (launch.sh may carry env values)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
+    tmp.write_text(scrub(text))
     os.replace(tmp, path)
 
 
@@ -142,10 +144,21 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 def execute(command: list[str], env: dict[str, str], log_path: Path, metrics: Path, total: int | None) -> int:
     """Run verl, tee everything to the log, print one line per logged step; returns the exit code."""
     metrics.unlink(missing_ok=True)
-    with log_path.open("wb") as log:
+    with log_path.open("w") as log:
         proc = subprocess.Popen(
-            command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            text=True,
+            errors="replace",
         )
+        # verl and Ray echo parts of the environment (e.g. RAY_ADDRESS with userinfo): scrub each line.
+        secrets = secret_values(env)
+        tee = threading.Thread(target=_copy_scrubbed, args=(proc.stdout, log, secrets), daemon=True)
+        tee.start()
         shown = 0
         try:
             while True:
@@ -160,7 +173,15 @@ def execute(command: list[str], env: dict[str, str], log_path: Path, metrics: Pa
         except KeyboardInterrupt:
             _kill_tree(proc)
             raise
+        finally:
+            tee.join(timeout=30)
     return proc.returncode
+
+
+def _copy_scrubbed(source: Any, log: Any, secrets: list[str]) -> None:
+    for line in source:
+        log.write(scrub(line, secrets=secrets))
+        log.flush()
 
 
 RAY_START_TIMEOUT = "The current node timed out during startup"
@@ -218,7 +239,7 @@ def run_main(argv: list[str]) -> int:
         "device": r.cluster.device,
         "command": p.command,
         "command_line": shlex.join(p.command),
-        "env": dict(p.env) | {"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")},
+        "env": redact_env(dict(p.env) | {"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")}),
         "start": started,
         "end": _now(),
         "wall_s": round(time.monotonic() - t0, 2),

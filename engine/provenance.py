@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -24,70 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import UserError
+from engine.redact import redact_env, scrub, scrub_obj
+from engine.rocrate import ro_crate
 
 SCHEMA = "qwen35-grpo-engine/provenance/1"
-REDACTED = "***"
-ENV_ALLOW = re.compile(
-    r"^(HCCL_|NCCL_|VLLM_|RAY_|VERL_|TORCH_|PYTORCH_|GLOO_|HF_HUB_OFFLINE$|TRANSFORMERS_OFFLINE$|PYTHONPATH$|"
-    r"CUDA_VISIBLE_DEVICES$|ASCEND_RT_VISIBLE_DEVICES$|ASCEND_VISIBLE_DEVICES$|HIP_VISIBLE_DEVICES$|"
-    r"NVIDIA_VISIBLE_DEVICES$|OMP_NUM_THREADS$|TOKENIZERS_PARALLELISM$|WANDB_MODE$|ENGINE_)"
-)
-SECRET_NAME = re.compile(
-    r"(?i)(TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH|COOKIE|_KEY$)"
-)
-_PATTERNS = [
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@'\"]+(?::[^/\s@'\"]*)?@"), r"\1" + REDACTED + "@"),
-    (
-        re.compile(r"\b(hf_[A-Za-z0-9]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
-        REDACTED,
-    ),
-    (re.compile(r"\b(sk-[A-Za-z0-9_-]{16,}|AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,})"), REDACTED),
-    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + REDACTED),
-    (
-        re.compile(
-            r"(?i)\b([A-Z0-9_.-]*(?:TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY)[A-Z0-9_.-]*)(['\"]?\s*[=:]\s*['\"]?)([^\s'\",}]+)"
-        ),
-        r"\1\2" + REDACTED,
-    ),
-]
-
-
-def _secret_values(env: dict[str, str] | None = None) -> list[str]:
-    env = os.environ if env is None else env
-    return sorted({v for k, v in env.items() if SECRET_NAME.search(k) and len(v) >= 6}, key=len, reverse=True)
-
-
-def scrub(text: str, env: dict[str, str] | None = None) -> str:
-    """Remove credentials from text: secret env values anywhere, URL userinfo, token shapes, KEY=value."""
-    for value in _secret_values(env):
-        text = text.replace(value, REDACTED)
-    for pattern, repl in _PATTERNS:
-        text = pattern.sub(repl, text)
-    return text
-
-
-def scrub_obj(value: Any, env: dict[str, str] | None = None) -> Any:
-    """`scrub` applied to every string of a JSON-like structure; values under secret-looking keys masked."""
-    if isinstance(value, str):
-        return scrub(value, env)
-    if isinstance(value, list):
-        return [scrub_obj(v, env) for v in value]
-    if isinstance(value, dict):
-        return {
-            k: REDACTED if SECRET_NAME.search(str(k)) and isinstance(v, str) else scrub_obj(v, env)
-            for k, v in value.items()
-        }
-    return value
-
-
-def redact_env(env: dict[str, str] | os._Environ) -> dict[str, str]:
-    """The allowlisted part of an environment, with credential-like names masked and values scrubbed."""
-    env = dict(env)
-    kept = {}
-    for key in sorted(env):
-        if ENV_ALLOW.match(key):
-            kept[key] = REDACTED if SECRET_NAME.search(key) else scrub(env[key], env)
-    return kept
 
 
 def sha256_file(path: Path) -> str:
@@ -301,121 +240,6 @@ def build_record(run_dir: Path, exports: list[Path], data: list[Path], repo: Pat
         },
     }
     return scrub_obj(record)
-
-
-def ro_crate(record: dict[str, Any]) -> dict[str, Any]:
-    """The record as a Workflow Run Crate (RO-Crate 1.1, Process/Workflow Run Crate profiles)."""
-    profiles = [
-        "https://w3id.org/ro/wfrun/process/0.5",
-        "https://w3id.org/ro/wfrun/workflow/0.5",
-        "https://w3id.org/workflowhub/workflow-ro-crate/1.0",
-    ]
-    files = [
-        {
-            "@id": e["path"] if not e["path"].startswith("/") else f"file://{e['path']}",
-            "@type": "File",
-            "contentSize": e["bytes"],
-            "sha256": e["sha256"],
-            "additionalType": e["role"],
-        }
-        for e in record["inputs"] + record["outputs"] + record["run_files"]
-    ]
-    ids = {
-        e["path"]: f["@id"]
-        for e, f in zip(record["inputs"] + record["outputs"] + record["run_files"], files, strict=True)
-    }
-    software = [
-        {"@id": f"#sw-{name}", "@type": "SoftwareApplication", "name": name, "softwareVersion": str(v)}
-        for name, v in sorted(record["versions"]["installed"].items())
-        if v
-    ]
-    env = [
-        {"@id": f"#env-{k}", "@type": "PropertyValue", "name": k, "value": v}
-        for k, v in record["environment"].items()
-    ]
-    image = record["container"]
-    action: dict[str, Any] = {
-        "@id": "#run",
-        "@type": "CreateAction",
-        "name": f"GRPO run of {record['recipe']['name']}",
-        "instrument": {"@id": "launch.sh"},
-        "startTime": record["start"],
-        "endTime": record["end"],
-        "actionStatus": {
-            "@id": "http://schema.org/CompletedActionStatus"
-            if record["exit_code"] == 0
-            else "http://schema.org/FailedActionStatus"
-        },
-        "object": [{"@id": ids[e["path"]]} for e in record["inputs"]] + [{"@id": "recipe.yaml"}],
-        "result": [{"@id": ids[e["path"]]} for e in record["outputs"]],
-        "environment": [{"@id": e["@id"]} for e in env],
-        "description": f"git {record['git'].get('commit')} dirty={record['git'].get('dirty')}; "
-        f"overrides sha256 {record['overrides_sha256']}",
-    }
-    graph: list[dict[str, Any]] = [
-        {
-            "@id": "ro-crate-metadata.json",
-            "@type": "CreativeWork",
-            "about": {"@id": "./"},
-            "conformsTo": [
-                {"@id": "https://w3id.org/ro/crate/1.1"},
-                {"@id": "https://w3id.org/workflowhub/workflow-ro-crate/1.0"},
-            ],
-        },
-        {
-            "@id": "./",
-            "@type": "Dataset",
-            "name": f"Run record of {record['recipe']['name']}",
-            "datePublished": record["created"],
-            "license": "Apache-2.0",
-            "conformsTo": [{"@id": p} for p in profiles],
-            "mainEntity": {"@id": "launch.sh"},
-            "mentions": [{"@id": "#run"}],
-            "hasPart": [{"@id": f["@id"]} for f in files] + [{"@id": "provenance.json"}],
-        },
-        {
-            "@id": "launch.sh",
-            "@type": ["File", "SoftwareSourceCode", "ComputationalWorkflow"],
-            "name": "verl main_ppo launch",
-            "programmingLanguage": {"@id": "#bash"},
-            "softwareRequirements": [{"@id": s["@id"]} for s in software],
-        },
-        {"@id": "#bash", "@type": "ComputerLanguage", "name": "Bash"},
-        {
-            "@id": "provenance.json",
-            "@type": "File",
-            "encodingFormat": "application/json",
-            "conformsTo": {"@id": "#schema"},
-            "description": "full record (docs/provenance.md)",
-        },
-        {"@id": "#schema", "@type": "CreativeWork", "name": SCHEMA},
-        action,
-        *files,
-        *software,
-        *env,
-    ]
-    if image.get("image") or image.get("digest"):
-        action["containerImage"] = {"@id": "#image"}
-        graph.append(
-            {
-                "@id": "#image",
-                "@type": "ContainerImage",
-                "name": image.get("image"),
-                "sha256": (image.get("digest") or "").removeprefix("sha256:") or None,
-            }
-        )
-    seen, unique = set(), []
-    for node in graph:
-        if node["@id"] not in seen:
-            seen.add(node["@id"])
-            unique.append(node)
-    return {
-        "@context": [
-            "https://w3id.org/ro/crate/1.1/context",
-            "https://w3id.org/ro/terms/workflow-run/context",
-        ],
-        "@graph": unique,
-    }
 
 
 def _write(path: Path, text: str) -> None:

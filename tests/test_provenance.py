@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import provenance
+from engine import provenance, redact
 from engine.errors import UserError
 
 SECRETS = {
@@ -28,7 +28,7 @@ def test_scrub_removes_planted_credentials_and_keeps_the_rest() -> None:
         "Authorization: Bearer abcdefghijklmnop AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG "
         f"{SECRETS['MY_DB_PASSWORD']} lr=1e-3 step=2 https://huggingface.co/Qwen"
     )
-    out = provenance.scrub(text, env=SECRETS)
+    out = redact.scrub(text, env=SECRETS)
     for leaked in ("pa55word", "ghp_ABC", "abcdefghijklmnop", "wJalrXUtnFEMI", SECRETS["MY_DB_PASSWORD"]):
         assert leaked not in out
     assert "lr=1e-3 step=2 https://huggingface.co/Qwen" in out
@@ -43,10 +43,10 @@ def test_redact_env_keeps_only_the_allowlist_and_masks_credentials() -> None:
         "HOME": "/root",
         "PATH": "/bin",
     }
-    kept = provenance.redact_env(env)
+    kept = redact.redact_env(env)
     assert kept["NCCL_DEBUG"] == "WARN" and kept["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert "HOME" not in kept and "HF_TOKEN" not in kept and "WANDB_API_KEY" not in kept
-    assert kept["NCCL_SOCKET_TOKEN"] == provenance.REDACTED
+    assert kept["NCCL_SOCKET_TOKEN"] == redact.REDACTED
     assert kept["RAY_ADDRESS"] == "https://***@ray.example.com:8265"
 
 
