@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import UserError
+from engine.models import TINY, TINY_MOE
 
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = [
@@ -165,21 +166,22 @@ def build_tokenizer(seed: int) -> Any:
 
 
 # --------------------------------------------------------------------------------------------- models
-def _text_kwargs(tokenizer: Any) -> dict[str, Any]:
+def _text_kwargs(tokenizer: Any, spec: Any) -> dict[str, Any]:
+    """The text config of a tiny model from its registry facts (engine.models), which preflight also reads."""
     return {
-        "vocab_size": VOCAB_SIZE,
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size,
+        "num_hidden_layers": spec.num_layers,
         "layer_types": ["linear_attention", "full_attention"],
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 32,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
         "linear_key_head_dim": 16,
         "linear_value_head_dim": 16,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 2,
-        "max_position_embeddings": 1024,
-        "tie_word_embeddings": False,
+        "linear_num_key_heads": spec.linear_key_heads,
+        "linear_num_value_heads": spec.linear_value_heads,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "tie_word_embeddings": spec.tie_word_embeddings,
         "pad_token_id": tokenizer.pad_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "bos_token_id": None,
@@ -213,14 +215,15 @@ def build_model(tokenizer: Any, seed: int, moe: bool) -> Any:
         "vision_end_token_id": ids["<|vision_end|>"],
         "tie_word_embeddings": False,
     }
-    text = _text_kwargs(tokenizer)
+    spec = TINY_MOE if moe else TINY
+    text = _text_kwargs(tokenizer, spec)
     if moe:
         text |= {
             "intermediate_size": 128,
-            "moe_intermediate_size": 32,
+            "moe_intermediate_size": spec.expert_intermediate_size,
             "shared_expert_intermediate_size": 32,
-            "num_experts": 4,
-            "num_experts_per_tok": 2,
+            "num_experts": spec.num_experts,
+            "num_experts_per_tok": spec.experts_per_token,
         }
         config = qwen3_5_moe.Qwen3_5MoeConfig(text_config=text, vision_config=_vision_kwargs(), **top)
         model_cls = qwen3_5_moe.Qwen3_5MoeForConditionalGeneration

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -269,50 +269,37 @@ register(
     )
 )
 
-# The project's own offline models (engine.assets builds them from these facts, random init).
-_TINY = {"architecture": "engine.assets (built offline from a seed)"}
-register(
+# The project's own offline models: engine.assets builds them from these facts (random init, seeded).
+TINY = register(
     ModelSpec(
         name="tiny-qwen35",
         hf_id="local/tiny-qwen35",
         family=QWEN3_5,
         num_layers=2,  # one gated-delta-net + one full-attention layer
         hidden_size=64,
-        num_attention_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        linear_key_heads=4,
-        linear_value_heads=4,
+        num_attention_heads=2,
+        num_kv_heads=1,
+        head_dim=32,
+        linear_key_heads=2,
+        linear_value_heads=2,
         vocab_size=512,
-        max_position_embeddings=2048,
-        total_params=0.3e6,
-        active_params=0.3e6,
+        max_position_embeddings=1024,
+        total_params=0.227e6,  # counted on the built model
+        active_params=0.227e6,
         vision_depth=1,
-        tie_word_embeddings=True,
-        source=_TINY,
+        source={"architecture": "engine.assets (built offline from a seed)"},
     )
 )
-register(
-    ModelSpec(
+TINY_MOE = register(
+    replace(
+        TINY,
         name="tiny-qwen35-moe",
         hf_id="local/tiny-qwen35-moe",
         family=QWEN3_5_MOE,
-        num_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        linear_key_heads=4,
-        linear_value_heads=4,
-        vocab_size=512,
-        max_position_embeddings=2048,
-        total_params=0.4e6,
-        active_params=0.3e6,
+        total_params=0.240e6,
+        active_params=0.232e6,
         num_experts=4,
         experts_per_token=2,
         expert_intermediate_size=32,
-        vision_depth=1,
-        tie_word_embeddings=True,
-        source=_TINY,
     )
 )

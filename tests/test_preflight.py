@@ -169,3 +169,21 @@ def test_cp_patch_targets_resolve_in_installed_transformers() -> None:
 def test_transformers_range_check_reads_verls_declared_range() -> None:
     pytest.importorskip("verl")
     assert preflight._transformers_range() == []  # the pinned dev env is inside verl's range
+
+
+def test_check_env_passes_on_the_built_tiny_assets(tmp_path: Path) -> None:
+    """The registry facts of the tiny models are the ones the assets are built from, and match config.json."""
+    pytest.importorskip("transformers")
+    from engine import assets
+
+    written = assets.build_all(tmp_path, seed=0, train_size=4, test_size=2)
+    for name, model in (("tiny_cpu", written["dense"]), ("tiny_moe_cpu", written["moe"])):
+        sets = [
+            f"model.path={model}",
+            f"data.train_files={written['train']}",
+            f"data.val_files={written['test']}",
+        ]
+        assert problems(name, "cpu", *sets, check_env=True) == []
+    assert models.compare_config(
+        models.lookup("tiny-qwen35-moe"), written["dense"]
+    )  # the wrong model is caught
