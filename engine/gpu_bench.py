@@ -54,7 +54,9 @@ VISION_0P8B: dict[str, Any] = {"depth": 12, "hidden_size": 768, "intermediate_si
 
 
 # ------------------------------------------------------------------------------------------ kernels
-def fla_conv1d_fn(x: Any, weight: Any, bias: Any = None, activation: Any = None, seq_idx: Any = None, **_: Any):
+def fla_conv1d_fn(
+    x: Any, weight: Any, bias: Any = None, activation: Any = None, seq_idx: Any = None, **_: Any
+):
     """`causal_conv1d_fn` (causal-conv1d's signature, x as [B, D, T]) on fla's Triton causal conv1d.
 
     causal-conv1d is a CUDA source build; fla ships the same operation in Triton, varlen included:
@@ -62,6 +64,11 @@ def fla_conv1d_fn(x: Any, weight: Any, bias: Any = None, activation: Any = None,
     """
     import torch
     import torch.nn.functional as F
+
+    if not x.is_cuda:  # the same operation in torch (what transformers does without a fast path)
+        y = F.conv1d(x, weight.unsqueeze(1), bias, padding=weight.shape[-1] - 1, groups=x.shape[1])
+        y = y[..., : x.shape[-1]]
+        return F.silu(y) if activation in ("silu", "swish") else y
     from fla.modules.causal_conv1d import causal_conv1d
 
     cu_seqlens = None
@@ -75,15 +82,51 @@ def fla_conv1d_fn(x: Any, weight: Any, bias: Any = None, activation: Any = None,
 
 
 def select_kernels(kernels: str) -> str:
-    """Before transformers is imported: hide fla (`torch`) or route the GDN conv through fla (`fla`)."""
+    """Before any Qwen3.5 model is built: hide fla (`torch`), or route the gated-delta-net through fla.
+
+    With `fla`, each fast op dispatches on the tensor's device: CUDA tensors take fla's Triton kernels
+    (conv1d included), CPU tensors (the hf rollout server, tests) keep transformers' torch code, so one
+    environment serves both.
+    """
     if kernels == "torch":
         for name in ("fla", "causal_conv1d"):
             sys.modules[name] = None  # type: ignore[assignment]  # find_spec() -> None: "not installed"
         return "torch fallback"
-    import fla  # noqa: F401  (fail here, loudly, when the fast path was asked for and is missing)
+    import functools
+
+    from fla.modules import FusedRMSNormGated
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
 
+    def on_device(fast: Any, slow: Any) -> Any:
+        @functools.wraps(fast)
+        def call(query: Any, *args: Any, **kwargs: Any) -> Any:
+            if query.is_cuda:
+                return fast(query, *args, **kwargs)
+            kwargs = {k: v for k, v in kwargs.items() if not k.startswith("cu_seqlens")}
+            return slow(query, *args, **kwargs)
+
+        return call
+
+    class GatedNorm(FusedRMSNormGated):
+        def __init__(self, hidden_size: int, eps: float = 1e-6, activation: str = "swish", **_: Any) -> None:
+            super().__init__(hidden_size, eps=eps, activation=activation)
+
+        def forward(self, x: Any, g: Any, *args: Any, **kwargs: Any) -> Any:
+            if x.is_cuda:
+                return super().forward(x, g, *args, **kwargs)
+            return qwen.Qwen3_5RMSNormGated.forward(self, x, g)  # type: ignore[arg-type]
+
+        @property
+        def variance_epsilon(self) -> float:
+            return self.eps
+
     qwen.causal_conv1d_fn = fla_conv1d_fn
+    qwen.chunk_gated_delta_rule = on_device(chunk_gated_delta_rule, qwen.torch_chunk_gated_delta_rule)
+    qwen.fused_recurrent_gated_delta_rule = on_device(
+        fused_recurrent_gated_delta_rule, qwen.torch_recurrent_gated_delta_rule
+    )
+    qwen.FusedRMSNormGated = GatedNorm
     if hasattr(qwen, "is_fast_path_available"):
         qwen.is_fast_path_available = True
     return f"fla {_version('fla-core')} + Triton conv1d (triton {_version('triton')})"
@@ -118,8 +161,18 @@ def make_model(out: Path, seed: int = 0, device: str = "cpu", small: bool = Fals
         text |= {"layer_types": ["linear_attention"] * 3 + ["full_attention"], "head_dim": 16}
         text |= {"linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2}
         text |= {"linear_num_value_heads": 2}
-        vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64}
-    text |= {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None}
+        vision = {
+            "depth": 1,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 64,
+        }
+    text |= {
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": None,
+    }
     ids = {name: tokenizer.convert_tokens_to_ids(name) for name in assets.SPECIAL_TOKENS}
     config = qwen3_5.Qwen3_5Config(
         text_config=text,
@@ -155,7 +208,10 @@ def text_params(config: Any) -> int:
     kinds = list(t.layer_types)
     full = h * (t.num_attention_heads * t.head_dim * 2) + 2 * h * t.num_key_value_heads * t.head_dim
     full += t.num_attention_heads * t.head_dim * h
-    kd, vd = t.linear_num_key_heads * t.linear_key_head_dim, t.linear_num_value_heads * t.linear_value_head_dim
+    kd, vd = (
+        t.linear_num_key_heads * t.linear_key_head_dim,
+        t.linear_num_value_heads * t.linear_value_head_dim,
+    )
     lin = h * (2 * kd + vd) + h * vd + 2 * h * t.linear_num_value_heads + vd * h
     lin += (2 * kd + vd) * t.linear_conv_kernel_dim
     mlp = 3 * h * t.intermediate_size
@@ -352,7 +408,13 @@ def run_matrix(args: argparse.Namespace) -> list[dict[str, Any]]:
     for kernels in args.kernels:
         for mode in args.modes:
             before = args.out.read_text().count("\n") if args.out.exists() else 0
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.gpus}"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={args.gpus}",
+            ]
             cmd += ["-m", "engine.gpu_bench", "_worker", "--model", str(args.model), "--out", str(args.out)]
             cmd += ["--modes", mode, "--kernels", kernels, "--batch", str(args.batch), "--mbs", str(args.mbs)]
             cmd += ["--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup)]
@@ -362,14 +424,23 @@ def run_matrix(args: argparse.Namespace) -> list[dict[str, Any]]:
             started = time.monotonic()
             log = args.out.with_suffix(f".{mode}.{kernels}.g{args.gpus}.b{args.batch}.m{args.mbs}.log")
             with log.open("w") as handle:
-                done = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, timeout=args.timeout)
+                try:
+                    code = subprocess.run(
+                        cmd, stdout=handle, stderr=subprocess.STDOUT, timeout=args.timeout
+                    ).returncode
+                except subprocess.TimeoutExpired:
+                    code = f"timeout after {args.timeout:.0f} s"
             lines = args.out.read_text().splitlines() if args.out.exists() else []
-            if done.returncode == 0 and len(lines) > before:
+            if code == 0 and len(lines) > before:
                 row = json.loads(lines[-1])
             else:
                 tail = [ln for ln in log.read_text(errors="replace").splitlines() if "Error" in ln][-1:]
                 row = {"mode": mode, "kernels": kernels, "gpus": args.gpus, "batch": args.batch}
-                row |= {"mbs": args.mbs, "seq": args.seq, "error": (tail or ["exit " + str(done.returncode)])[0]}
+                row |= {
+                    "mbs": args.mbs,
+                    "seq": args.seq,
+                    "error": (tail or [f"exit {code}"])[0],
+                }
                 with args.out.open("a") as handle:
                     handle.write(json.dumps(row) + "\n")
             row["wall_s"] = round(time.monotonic() - started, 1)
@@ -382,18 +453,21 @@ def _cell(row: dict[str, Any]) -> str:
     if "error" in row:
         return f"failed: {row['error'][:160]}"
     mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "-"
-    return f"{row['tokens_per_s']:,.0f} tok/s, {row['step_ms']:,.0f} ms/step, MFU {mfu}, peak {row['peak_alloc_gib']} GiB"
+    speed = f"{row['tokens_per_s']:,.0f} tok/s, {row['step_ms']:,.0f} ms/step"
+    return f"{speed}, MFU {mfu}, peak {row['peak_alloc_gib']} GiB"
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The table docs/performance.md carries."""
-    head = "| run | kernels | GPUs | batch/mbs/seq | tokens/s | tokens/s/GPU | step ms | MFU | peak alloc GiB |\n"
+    head = "| run | kernels | GPUs | batch/mbs/seq | tokens/s | tokens/s/GPU | step ms | MFU | peak GiB |\n"
     head += "|---|---|---|---|---|---|---|---|---|\n"
     body = []
     for r in rows:
         shape = f"{r['batch']}/{r['mbs']}/{r['seq']}"
         if "error" in r:
-            body.append(f"| {r['mode']} | {r['kernels']} | {r['gpus']} | {shape} | failed: {r['error'][:80]} |||||")
+            body.append(
+                f"| {r['mode']} | {r['kernels']} | {r['gpus']} | {shape} | failed: {r['error'][:80]} |||||"
+            )
             continue
         mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"
         body.append(
@@ -437,7 +511,9 @@ def _validate(args: argparse.Namespace) -> None:
     if args.seq < 2:
         raise UserError("--seq must be at least 2 (half prompt, half response)")
     if not (args.model / "config.json").is_file():
-        raise UserError(f"--model {args.model}: no config.json; write one with `bench-gpu make-model --out DIR`")
+        raise UserError(
+            f"--model {args.model}: no config.json; write one with `bench-gpu make-model --out DIR`"
+        )
 
 
 def cli_main(argv: list[str]) -> int:
@@ -457,7 +533,9 @@ def cli_main(argv: list[str]) -> int:
     for column in ("run", "kernels", "GPUs", "b/mbs/seq", "result"):
         table.add_column(column)
     for r in rows:
-        table.add_row(r["mode"], r["kernels"], str(r["gpus"]), f"{r['batch']}/{r['mbs']}/{r['seq']}", _cell(r))
+        table.add_row(
+            r["mode"], r["kernels"], str(r["gpus"]), f"{r['batch']}/{r['mbs']}/{r['seq']}", _cell(r)
+        )
     console.print(table)
     md = args.out.with_suffix(".md")
     md.write_text(markdown_table(rows))

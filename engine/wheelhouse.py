@@ -100,7 +100,9 @@ def _fetch_one(name: str, version: str, dest: Path, args: argparse.Namespace) ->
     for platform in args.platform or DEFAULT_PLATFORMS:
         target += ["--platform", platform]
     spec = f"{name}=={version}"
-    got = _pip(args.pip_python, "download", "-q", "--no-deps", "--only-binary=:all:", *target, "-d", str(dest), spec)
+    got = _pip(
+        args.pip_python, "download", "-q", "--no-deps", "--only-binary=:all:", *target, "-d", str(dest), spec
+    )
     if got.returncode != 0:
         with tempfile.TemporaryDirectory() as tmp:
             sdist = _pip(args.pip_python, "download", "-q", "--no-deps", "--no-binary=:all:", "-d", tmp, spec)
@@ -131,7 +133,7 @@ def _skipped(args: argparse.Namespace) -> set[str]:
 
 
 def build(args: argparse.Namespace) -> dict[str, Any]:
-    """Download/build every pinned wheel into a fresh directory, split the oversize ones, write the manifest."""
+    """Download/build each pinned wheel into a fresh directory, split oversize ones, write the manifest."""
     pins: dict[str, str] = {}
     for path in args.requirements:
         if not Path(path).is_file():
@@ -309,3 +311,7 @@ def cli_main(argv: list[str]) -> int:
     names = install(args.source, args.target, args.python, args.dry_run)
     print(f"{'verified' if args.dry_run else 'installed'} {len(names)} wheel(s) from {args.source}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main(sys.argv[1:]))
