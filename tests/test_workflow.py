@@ -137,7 +137,9 @@ def test_smoke_cpu_chain_noop_rerun_and_resume_after_kill(tmp_path: Path) -> Non
     assert not (work / "results/tiny_cpu/train/run.json").exists()  # no success recorded
 
     resumed = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=1200)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    logs = work / "results/tiny_cpu/logs"
+    tails = "".join(f"\n== {f.name}\n" + f.read_text()[-1500:] for f in sorted(logs.glob("*.log")))
+    assert resumed.returncode == 0, resumed.stderr[-1500:] + tails
     run = json.loads((work / "results/tiny_cpu/train/run.json").read_text())
     assert run["status"] == "ok" and run["last_step"] == 2 and run["steps_done"] == 1  # step 2 only
     earlier = (work / "results/tiny_cpu/train/metrics.earlier.jsonl").read_text().splitlines()
