@@ -133,7 +133,7 @@ def test_release_build_refuses_placeholders() -> None:
         text=True,
     )
     assert result.returncode == 2
-    assert "fsdp_turbo.commit" in result.stderr and "base_image.digest" in result.stderr
+    assert "fsdp_turbo.sha256" in result.stderr and "base_image.digest" in result.stderr
     dry = subprocess.run(
         [sys.executable, "-m", "containers.build", "gpu", "--dry-run", "--allow-unresolved"],
         cwd=ROOT, capture_output=True, text=True,

@@ -77,7 +77,7 @@ def test_drift_compares_public_versions_and_flags_placeholders() -> None:
     installed["transformers"] = "5.11.0"
     assert pins.drift("cpu", installed, data) == ["transformers: pinned 5.10.4, installed 5.11.0"]
     gpu = pins.drift("gpu", installed, data)
-    assert any(line.startswith("fsdp_turbo_commit: pin is unresolved") for line in gpu)
+    assert f"fsdp_turbo_commit: pinned {data['fsdp_turbo']['commit']}, not installed" in gpu
     assert "vllm: pinned 0.18.0, not installed" in gpu
 
 
