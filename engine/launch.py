@@ -194,11 +194,24 @@ def _ray_start_timed_out(log_path: Path) -> bool:
     return RAY_START_TIMEOUT in text and "step:" not in text
 
 
-def outcome(code: int, rows: list[dict[str, Any]], total: int | None) -> tuple[int, bool]:
-    """(exit code to return, whether this launch trained): verl's 0 counts only with steps up to target."""
+def outcome(code: int, rows: list[dict[str, Any]], total: int | None, saved: int = 0) -> tuple[int, bool]:
+    """(exit code to return, whether this launch trained): verl's 0 counts only with steps up to target.
+
+    A checkpoint already at the target (an earlier attempt finished training but was stopped before it
+    could report) also counts: the steps were trained, and the checkpoint is what export reads.
+    """
     last = max((int(row["step"]) for row in rows), default=0)
     trained = bool(rows) and (total is None or last >= total)
-    return (code if code != 0 else (0 if trained else 1)), trained
+    done = trained or (total is not None and saved >= total)
+    return (code if code != 0 else (0 if done else 1)), trained
+
+
+def saved_step(checkpoint_dir: Path) -> int:
+    """The step of verl's latest finished checkpoint (its tracker file), 0 when there is none."""
+    try:
+        return int((checkpoint_dir / "latest_checkpointed_iteration.txt").read_text().strip())
+    except (OSError, ValueError):
+        return 0
 
 
 def _now() -> str:
@@ -232,7 +245,8 @@ def run_main(argv: list[str]) -> int:
         console.print("Ray's node did not come up within its fixed 30 s (machine overloaded?); retrying once")
     rows = read_metrics(out / "metrics.jsonl")
     last = max((int(row["step"]) for row in rows), default=0)
-    result, trained = outcome(code, rows, total)
+    saved = saved_step(Path(p.value("trainer.default_local_dir")))
+    result, trained = outcome(code, rows, total, saved)
     status = "ok" if result == 0 else "failed"
     record = {
         "recipe": r.name,
@@ -245,7 +259,8 @@ def run_main(argv: list[str]) -> int:
         "wall_s": round(time.monotonic() - t0, 2),
         "exit_code": code,
         "steps_done": len(rows),
-        "last_step": last,
+        "last_step": max(last, saved),
+        "checkpoint_step": saved,
         "target_steps": total,
         "status": status,
     }
@@ -254,12 +269,14 @@ def run_main(argv: list[str]) -> int:
         tail = (out / "train.log").read_text(errors="replace").splitlines()[-25:]
         console.print("\n".join(tail), markup=False, style="dim")
         console.print(f"verl exited with {code}; full log: {out / 'train.log'}", style="red")
-    elif not trained:
+    elif result != 0:
         console.print(
-            f"verl exited 0 but this launch logged {len(rows)} step(s), last step {last} of {total}: "
-            "nothing was trained (a resume from a finished checkpoint?); use a fresh --out",
+            f"verl exited 0 but this launch logged {len(rows)} step(s), last step {last} of {total}, and the "
+            f"latest checkpoint is step {saved}: the remaining steps were not trained (cf. verl #7401)",
             style="red",
         )
+    elif not trained:
+        console.print(f"already trained: the checkpoint holds step {saved} of {total}; nothing left to do")
     else:
         console.print(
             f"done: {len(rows)} step(s) in {record['wall_s']:.0f} s; {out / 'run.json'}", style="green"

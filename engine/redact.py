@@ -16,8 +16,10 @@ ENV_ALLOW = re.compile(
     r"CUDA_VISIBLE_DEVICES$|ASCEND_RT_VISIBLE_DEVICES$|ASCEND_VISIBLE_DEVICES$|HIP_VISIBLE_DEVICES$|"
     r"NVIDIA_VISIBLE_DEVICES$|OMP_NUM_THREADS$|TOKENIZERS_PARALLELISM$|WANDB_MODE$|ENGINE_)"
 )
+# A secret word as a whole part of a variable name: HF_TOKEN, WANDB_API_KEY, DB_PASSWORD — but not
+# TOKENIZERS_PARALLELISM or MAX_TOKENS, whose values are settings that must stay readable.
 SECRET_NAME = re.compile(
-    r"(?i)(TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL|AUTH|COOKIE|_KEY$)"
+    r"(?i)(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIALS?|AUTH|COOKIE|KEY)(_|$)"
 )
 _PATTERNS = [
     (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@'\"]+(?::[^/\s@'\"]*)?@"), r"\1" + REDACTED + "@"),
@@ -29,7 +31,9 @@ _PATTERNS = [
     (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + REDACTED),
     (
         re.compile(
-            r"(?i)\b([A-Z0-9_.-]*(?:TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY)[A-Z0-9_.-]*)(['\"]?\s*[=:]\s*['\"]?)([^\s'\",}]+)"
+            # name=value where the name ENDS in a secret word (`max_num_batched_tokens: 8192` is a setting)
+            r"(?i)\b([A-Z0-9_.-]*(?:TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY))(['\"]?\s*[=:]\s*['\"]?)"
+            r"(?![-+]?\d[\d.eE+-]*(?:[\s'\",}]|$))([^\s'\",}]+)"  # a number is a metric, not a secret
         ),
         r"\1\2" + REDACTED,
     ),

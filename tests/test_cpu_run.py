@@ -15,9 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 MERGE = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
 
-# Step metrics that depend only on the sampled tokens, the weights and the reward (not on wall time,
-# host memory or float reduction order across threads beyond what one step exposes).
-STEP1_DETERMINISTIC = (
+# Step metrics fixed by the sampled tokens and the reward: equal to the bit.
+STEP1_EXACT = (
     "critic/score/mean",
     "critic/score/max",
     "critic/score/min",
@@ -25,10 +24,10 @@ STEP1_DETERMINISTIC = (
     "critic/advantages/min",
     "response_length/mean",
     "prompt_length/mean",
-    "actor/pg_loss",
-    "actor/grad_norm",
-    "actor/entropy",
 )
+# Float32 reductions over the model (docs/cpu-run.md: equal to the bit on a quiet machine; once seen
+# 7.5e-5 apart in grad_norm with identical tokens, before the cpu profile pinned threads and MKL's path).
+STEP1_REDUCTIONS = ("actor/pg_loss", "actor/grad_norm", "actor/entropy")
 
 
 @pytest.fixture(scope="module")
@@ -112,9 +111,10 @@ def test_checkpoint_exports_and_differs_from_init(dense_run: dict, tiny_assets: 
 def test_same_seed_same_step1_metrics(dense_run: dict, tiny_assets: Path, tmp_path: Path) -> None:
     again = _run("tiny_cpu", tmp_path / "again", tiny_assets, "tiny-qwen35")
     first, second = dense_run["rows"][0]["data"], again["rows"][0]["data"]
-    # Sampled tokens are identical; aggregates may differ in the last float32 bit (reduction order).
-    for key in STEP1_DETERMINISTIC:
-        assert second[key] == pytest.approx(first[key], rel=1e-5, abs=1e-7), key
+    for key in STEP1_EXACT:
+        assert second[key] == first[key], key
+    for key in STEP1_REDUCTIONS:
+        assert second[key] == pytest.approx(first[key], rel=2e-4, abs=1e-7), key
 
 
 def test_moe_two_steps(tmp_path: Path, tiny_assets: Path) -> None:

@@ -51,6 +51,9 @@ def test_outcome_never_reports_success_without_training() -> None:
     assert launch.outcome(0, rows[:1], 2) == (1, False)
     assert launch.outcome(3, rows, 2) == (3, True)  # verl's own failure code is passed through
     assert launch.outcome(0, rows[1:], 2) == (0, True)  # a resume that finished the remaining step
+    # an earlier attempt trained to the target and was stopped before reporting: the checkpoint says so
+    assert launch.outcome(0, [], 2, saved=2) == (0, False)
+    assert launch.outcome(0, [], 2, saved=1) == (1, False)  # resumed at step 1, exited 0, trained nothing
 
 
 def test_read_metrics_skips_a_partial_line(tmp_path: Path) -> None:

@@ -33,6 +33,10 @@ def test_scrub_removes_planted_credentials_and_keeps_the_rest() -> None:
         assert leaked not in out
     assert "lr=1e-3 step=2 https://huggingface.co/Qwen" in out
     assert "https://***@host.example/repo.git" in out
+    # settings whose names merely contain a secret word stay readable (recipe.yaml must still parse)
+    settings = "max_num_batched_tokens: 8192\nTOKENIZERS_PARALLELISM=false\nmax_new_tokens=16"
+    assert redact.scrub(settings, env=SECRETS) == settings
+    assert redact.redact_env({"TOKENIZERS_PARALLELISM": "false"}) == {"TOKENIZERS_PARALLELISM": "false"}
 
 
 def test_redact_env_keeps_only_the_allowlist_and_masks_credentials() -> None:
