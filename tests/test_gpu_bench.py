@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import gpu_bench
+from engine import gpu_bench, kernels
 from engine.errors import UserError
 
 
@@ -33,7 +33,7 @@ def test_conv1d_cpu_path_equals_torch_depthwise_conv() -> None:
     conv = torch.nn.Conv1d(6, 6, 4, groups=6, padding=3)
     conv.weight.data, conv.bias.data = w.unsqueeze(1), b
     expected = F.silu(conv(x)[..., :9])
-    assert torch.allclose(gpu_bench.fla_conv1d_fn(x, w, b, activation="silu"), expected, atol=1e-6)
+    assert torch.allclose(kernels.fla_conv1d_fn(x, w, b, activation="silu"), expected, atol=1e-6)
 
 
 def _args(tmp_path: Path, **kw: object) -> argparse.Namespace:

@@ -1,0 +1,200 @@
+"""One benchmark configuration on every rank of a `torch.distributed.run` group (see engine.gpu_bench).
+
+Run as `python -m torch.distributed.run ... -m engine.gpu_worker ARGS` by `bench-gpu run`; rank 0
+appends one JSON row to the output file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from engine.gpu_bench import PEAK_TFLOPS, _parser, text_params
+from engine.kernels import _version, select_kernels
+
+
+def _batch(vocab: int, batch: int, seq: int, device: Any, seed: int) -> Any:
+    import torch
+
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randint(0, vocab, (batch, seq), generator=generator).to(device)
+
+
+def _plain_step_fn(model_path: str, args: argparse.Namespace, device: Any) -> tuple[Any, int]:
+    """Our own FSDP2: one fully_shard per decoder layer, bf16 compute, fp32 master weights, fused AdamW."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import AutoConfig, Qwen3_5ForConditionalGeneration
+
+    config = AutoConfig.from_pretrained(model_path)
+    model = Qwen3_5ForConditionalGeneration.from_pretrained(
+        model_path, dtype=torch.float32, attn_implementation="sdpa"
+    ).to(device)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.language_model.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device.type == "cuda")
+    vocab = config.get_text_config().vocab_size
+    rank = int(os.environ.get("RANK", "0"))
+
+    def step(index: int) -> None:
+        ids = _batch(vocab, args.batch, args.seq, device, 1000 * rank + index)
+        for micro in ids.split(args.mbs):
+            model(input_ids=micro, labels=micro).loss.backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+
+    return step, text_params(config)
+
+
+def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tuple[Any, int]:
+    """verl's FSDP2 engine as its GRPO actor update drives it: train_batch with ppo_loss."""
+    from functools import partial
+
+    import torch
+    from verl import DataProto
+    from verl.trainer.config import CheckpointConfig
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config import ActorConfig, FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
+    from verl.workers.engine import EngineRegistry
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    model_config = HFModelConfig(
+        path=model_path,
+        load_tokenizer=False,
+        use_remove_padding=packed,
+        enable_gradient_checkpointing=args.recompute,
+        override_config={"attn_implementation": "sdpa"},
+    )
+    engine_config = FSDPEngineConfig(
+        forward_only=False,
+        strategy="fsdp2",
+        fsdp_size=world,
+        use_remove_padding=packed,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=args.mbs,
+        max_token_len_per_gpu=args.mbs * args.seq,
+        ulysses_sequence_parallel_size=1,
+    )
+    engine = EngineRegistry.new(
+        model_type="language_model",
+        backend="fsdp2",
+        model_config=model_config,
+        engine_config=engine_config,
+        optimizer_config=FSDPOptimizerConfig(lr=1e-6, lr_scheduler_type="constant"),
+        checkpoint_config=CheckpointConfig(),
+    )
+    engine.initialize()
+    actor = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=args.mbs)
+    loss_fn = partial(ppo_loss, config=actor)
+    vocab = model_config.hf_config.get_text_config().vocab_size
+    half = args.seq // 2
+
+    def step(index: int) -> None:
+        ids = _batch(vocab, args.batch, args.seq, "cpu", 1000 * rank + index)
+        ones = torch.ones_like(ids)
+        data = DataProto.from_single_dict(
+            {
+                "input_ids": ids,
+                "prompts": ids[:, :half],
+                "attention_mask": ones,
+                "position_ids": torch.arange(args.seq).expand(args.batch, args.seq).clone(),
+                "responses": ids[:, half:],
+                "response_mask": ones[:, half:],
+                "old_log_probs": torch.full((args.batch, args.seq - half), -12.0),
+                "advantages": torch.randn(args.batch, args.seq - half),
+            },
+            meta_info={"temperature": 1.0},
+        )
+        td = left_right_2_no_padding(data.to_tensordict())
+        tu.assign_non_tensor(
+            td,
+            global_batch_size=args.batch * world,
+            use_remove_padding=packed,
+            use_dynamic_bsz=False,
+            max_token_len_per_gpu=args.mbs * args.seq,
+            micro_batch_size_per_gpu=args.mbs,
+            use_fused_kernels=False,
+        )
+        with engine.train_mode():
+            engine.train_batch(td, loss_function=loss_fn)
+
+    return step, text_params(model_config.hf_config)
+
+
+def worker_main(argv: list[str]) -> int:
+    """One configuration on every rank of a torch.distributed.run group; rank 0 appends a JSON row."""
+    args = _parser().parse_args(["run", *argv])
+    kernels = select_kernels(args.kernels[0])
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    mode = args.modes[0]
+    if mode == "plain":
+        step, n_params = _plain_step_fn(str(args.model), args, device)
+    else:
+        step, n_params = _verl_step_fn(str(args.model), args, packed=mode == "verl-packed")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for index in range(args.warmup):
+        step(index)
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    dist.barrier()
+    start = time.perf_counter()
+    for index in range(args.steps):
+        step(args.warmup + index)
+    sync()
+    dist.barrier()
+    elapsed = (time.perf_counter() - start) / args.steps
+    world = dist.get_world_size()
+    peak = torch.tensor([torch.cuda.max_memory_allocated() if cuda else 0.0], device=device)
+    reserved = torch.tensor([torch.cuda.max_memory_reserved() if cuda else 0.0], device=device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    dist.all_reduce(reserved, op=dist.ReduceOp.MAX)
+    if dist.get_rank() == 0:
+        tokens = args.batch * args.seq * world / elapsed
+        name = torch.cuda.get_device_name() if cuda else "cpu"
+        peak_tflops = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+        row = {
+            "mode": mode,
+            "kernels": args.kernels[0],
+            "kernel_detail": kernels,
+            "gpus": world,
+            "batch": args.batch,
+            "mbs": args.mbs,
+            "seq": args.seq,
+            "step_ms": round(1000 * elapsed, 1),
+            "tokens_per_s": round(tokens, 1),
+            "tokens_per_s_per_gpu": round(tokens / world, 1),
+            "mfu": round(6 * n_params * tokens / world / (peak_tflops * 1e12), 4) if peak_tflops else None,
+            "peak_alloc_gib": round(float(peak) / 1024**3, 2),
+            "peak_reserved_gib": round(float(reserved) / 1024**3, 2),
+            "text_params": n_params,
+            "device": name,
+            "torch": torch.__version__,
+            "transformers": _version("transformers"),
+            "verl": _version("verl"),
+        }
+        with open(args.out, "a") as handle:
+            handle.write(json.dumps(row) + "\n")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main(sys.argv[1:]))
