@@ -174,7 +174,7 @@ _SHARED = {
     "total_params, active_params": _COUNT,
 }
 
-register(
+QWEN35_0P8B = register(
     ModelSpec(
         name="Qwen3.5-0.8B",
         hf_id="Qwen/Qwen3.5-0.8B",
@@ -195,24 +195,16 @@ register(
         source={"architecture": "Qwen/Qwen3.5-0.8B model card; " + _SLIME.format("qwen3.5-0.8B"), **_SHARED},
     )
 )
+# The 2B keeps the 0.8B's layer pattern and heads; it is wider (hidden 2048) with a deeper vision tower.
 register(
-    ModelSpec(
+    replace(
+        QWEN35_0P8B,
         name="Qwen3.5-2B",
         hf_id="Qwen/Qwen3.5-2B",
-        family=QWEN3_5,
-        num_layers=24,
         hidden_size=2048,
-        num_attention_heads=8,
-        num_kv_heads=2,
-        head_dim=256,
-        linear_key_heads=16,
-        linear_value_heads=16,
-        vocab_size=248320,
-        max_position_embeddings=262144,
         total_params=2.213e9,
         active_params=2.213e9,
         vision_depth=24,
-        tie_word_embeddings=True,
         source={"architecture": "Qwen/Qwen3.5-2B config.json (revision 15852e8c) as published", **_SHARED},
     )
 )
