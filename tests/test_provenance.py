@@ -140,6 +140,10 @@ def test_compare_metrics_detects_drift() -> None:
     assert provenance.compare_metrics(old, old[:1], ["a"], 1e-6)[0].startswith("steps")
     drift = [{"step": 1, "data": {"a": 1.0}}, {"step": 2, "data": {"a": 2.1}}]
     assert provenance.compare_metrics(old, drift, ["a"], 1e-3) == ["step 2 a: 2.1 != recorded 2.0"]
+    # a zero-mean loss of ~1e-8 is noise: only an absolute tolerance can compare it
+    tiny_old, tiny_new = [{"step": 1, "data": {"a": -5.2e-8}}], [{"step": 1, "data": {"a": -8.2e-8}}]
+    assert provenance.compare_metrics(tiny_old, tiny_new, ["a"], 1e-3, atol=1e-6) == []
+    assert provenance.compare_metrics(tiny_old, tiny_new, ["a"], 1e-3) != []
 
 
 def test_bad_record_is_a_user_error(tmp_path: Path) -> None:
