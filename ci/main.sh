@@ -6,6 +6,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source ci/bootstrap.sh
 py=.venv/bin/python
 $py -m engine preflight tiny_cpu --device cpu
+rm -rf results/tiny_cpu  # a fresh run each time: resume and export never mix two invocations
 $py -m engine assets --out results/assets
 $py -m engine run tiny_cpu --device cpu --out results/tiny_cpu
 $py -m engine export results/tiny_cpu/checkpoints --out results/tiny_cpu/export
