@@ -155,14 +155,16 @@ def _file_entries(paths: list[tuple[Path, str]], base: Path) -> list[dict[str, A
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                data = {k: v for k, v in row.get("data", {}).items() if isinstance(v, (int, float))}
-                rows.append({"step": int(row["step"]), "data": data})
-    return rows
+    """verl's file-logger rows (torn lines skipped, as `engine run` reads them), numbers only."""
+    from engine.launch import read_metrics as read_rows
+
+    return [
+        {
+            "step": int(row["step"]),
+            "data": {k: v for k, v in row.get("data", {}).items() if isinstance(v, (int, float))},
+        }
+        for row in read_rows(path)
+    ]
 
 
 def build_record(run_dir: Path, exports: list[Path], data: list[Path], repo: Path) -> dict[str, Any]:

@@ -4,24 +4,19 @@ Lines are verl's file-logger records `{"step": N, "data": {...}}` (a flat `{"ste
 too). A resumed run may log a step twice; the latest line wins.
 """
 
-import json
 import sys
 from pathlib import Path
+
+from engine.launch import read_metrics as read_rows
 
 REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
 LOSS_KEYS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy")
 
 
 def read_metrics(path: Path) -> dict[int, dict[str, float]]:
-    """step -> metrics, skipping blank or torn lines (a killed run can leave half a line)."""
+    """step -> metrics, read as `engine run` reads them (torn lines of a killed run skipped)."""
     steps: dict[int, dict[str, float]] = {}
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(record, dict) or "step" not in record:
-            continue
+    for record in read_rows(path):
         data = record.get("data", record)
         numbers = {k: float(v) for k, v in data.items() if isinstance(v, int | float) and k != "step"}
         steps[int(record["step"])] = numbers
