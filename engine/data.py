@@ -11,7 +11,6 @@ a manifest is never a finished one.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import UserError
+from engine.hashing import sha256_file
 
 SPLITS = ("train", "test")
 GEO3K_SOURCE = "hiyouga/geometry3k"
@@ -175,14 +175,6 @@ def load_raw_hub(name: str, config: str | None) -> dict[str, list[dict[str, Any]
 
 
 # ----------------------------------------------------------------------------- writing
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:

@@ -10,7 +10,6 @@ model card and a sha256 manifest, and only then renamed from a temporary directo
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -22,6 +21,7 @@ from typing import Any
 
 from engine import merge
 from engine.errors import UserError
+from engine.hashing import sha256_file
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".index.json", ".pt")
@@ -39,17 +39,6 @@ def _progress() -> Any:
         TimeRemainingColumn(),
         transient=False,
     )
-
-
-def sha256_file(path: Path, progress: Any = None) -> str:
-    digest = hashlib.sha256()
-    task = progress.add_task(f"hash {path.name}", total=path.stat().st_size) if progress else None
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            digest.update(chunk)
-            if progress:
-                progress.advance(task, len(chunk))
-    return digest.hexdigest()
 
 
 def model_class(config: Any) -> Any:

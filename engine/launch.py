@@ -27,10 +27,10 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.errors import UserError
+from engine.models import TINY, TINY_MOE
 from engine.redact import redact_env, scrub, secret_values
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY_MODELS = {"tiny-qwen35", "tiny-qwen35-moe"}
 console = Console(highlight=False, soft_wrap=True)
 errors = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -73,7 +73,7 @@ def build_plan(ref: str, device: str | None, sets: list[str], out: Path) -> Any:
 def _ensure_tiny_assets(r: Any) -> None:
     """The tiny recipes point at generated assets: build them (offline, seeded) when they are missing."""
     model_path = Path(r.model.path)
-    if r.model.name not in TINY_MODELS or model_path.exists():
+    if r.model.name not in (TINY.name, TINY_MOE.name) or model_path.exists():
         return
     out = model_path.parent
     console.print(f"[dim]building tiny assets into {out} (python -m engine assets)[/dim]")
@@ -81,19 +81,6 @@ def _ensure_tiny_assets(r: Any) -> None:
     if done.returncode != 0 or not model_path.exists():
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise UserError(f"model.path {model_path}: building tiny assets failed ({tail[0]})")
-
-
-def _missing_paths(p: Any) -> list[str]:
-    r = p.recipe
-    wanted = [("model.path", r.model.path), ("data.train_files", r.data.train_files)]
-    if r.data.val_files:
-        wanted.append(("data.val_files", r.data.val_files))
-    problems = []
-    for key, value in wanted:
-        for item in value if isinstance(value, list) else [value]:
-            if "://" not in str(item) and not Path(str(item)).exists():
-                problems.append(f"{key}: {item} does not exist")
-    return problems
 
 
 def launch_env(p: Any, out: Path) -> dict[str, str]:
@@ -226,7 +213,8 @@ def run_main(argv: list[str]) -> int:
     out = (args.out or ROOT / "results" / "runs" / Path(args.recipe).stem).resolve()
     out.mkdir(parents=True, exist_ok=True)
     p = build_plan(args.recipe, args.device, args.sets, out)
-    problems = preflight.check(p, check_env=False) + _missing_paths(p)
+    # the plan checks plus the paths (not imports or pins: the run itself will tell about those)
+    problems = preflight.check(p, check_env=False) + preflight.check_paths(p)
     if problems:
         for problem in problems:
             errors.print(f"preflight: {problem}", style="red")

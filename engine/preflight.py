@@ -163,7 +163,7 @@ PLAN_CHECKS: list[Callable[[Plan], list[str]]] = [
 
 
 # ---------------------------------------------------------------- environment (--check-env)
-def _paths(plan: Plan) -> list[str]:
+def check_paths(plan: Plan) -> list[str]:
     model_dir = Path(plan.value("actor_rollout_ref.model.path"))
     problems = []
     if not (model_dir / "config.json").is_file():
@@ -288,7 +288,7 @@ def _pins(plan: Plan) -> list[str]:
 
 
 ENV_CHECKS: list[Callable[[Plan], list[str]]] = [
-    _paths,
+    check_paths,
     _fsdp_turbo,
     _patch_targets,
     _transformers_range,

@@ -23,18 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import UserError
+from engine.hashing import sha256_file
 from engine.redact import redact_env, scrub, scrub_obj
 from engine.rocrate import ro_crate
 
 SCHEMA = "qwen35-grpo-engine/provenance/1"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> str | None:

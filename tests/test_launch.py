@@ -40,7 +40,7 @@ def test_run_refuses_when_preflight_finds_problems(tmp_path: Path, capsys: pytes
     bad = f"data.train_files={missing}"
     code = launch.run_main(["tiny_cpu", "--device", "cpu", "--out", run, "--set", bad])
     assert code == 2
-    assert f"data.train_files: {missing} does not exist" in capsys.readouterr().err
+    assert f"data.train_files {missing}: file not found" in capsys.readouterr().err
     assert not (tmp_path / "run" / "train.log").exists()  # nothing was launched
 
 
