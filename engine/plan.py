@@ -59,7 +59,12 @@ class Plan:
         raise KeyError(key)
 
     def digest(self) -> str:
-        return hashlib.sha256("\n".join(self.overrides).encode()).hexdigest()
+        return overrides_digest(self.overrides)
+
+
+def overrides_digest(overrides: list[str]) -> str:
+    """The identity of a launch: the same hash in `render --format json` and in the provenance record."""
+    return hashlib.sha256("\n".join(overrides).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------- paths

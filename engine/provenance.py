@@ -11,7 +11,6 @@ written: `redact_env` and `scrub` are the filters every writer of the project pa
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -24,6 +23,7 @@ from typing import Any
 
 from engine.errors import UserError
 from engine.hashing import sha256_file
+from engine.plan import overrides_digest
 from engine.redact import redact_env, scrub, scrub_obj
 from engine.rocrate import ro_crate
 
@@ -198,7 +198,7 @@ def build_record(run_dir: Path, exports: list[Path], data: list[Path], repo: Pat
             "device": run.get("device"),
         },
         "overrides": overrides,
-        "overrides_sha256": hashlib.sha256("\n".join(overrides).encode()).hexdigest(),
+        "overrides_sha256": overrides_digest(overrides),
         "command": run.get("command", []),
         "start": run.get("start"),
         "end": run.get("end"),
