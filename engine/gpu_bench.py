@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -147,17 +148,14 @@ def run_matrix(args: argparse.Namespace) -> list[dict[str, Any]]:
             cmd += ["--modes", mode, "--kernels", kernels, "--batch", str(args.batch), "--mbs", str(args.mbs)]
             cmd += ["--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup)]
             cmd += ["--recompute"] if args.recompute else []
+            cmd += ["--profile", str(args.profile)] if args.profile else []
+            cmd += ["--logprobs", args.logprobs, "--fill", str(args.fill)]
             label = f"{mode}/{kernels} x{args.gpus} b{args.batch} mbs{args.mbs} s{args.seq}"
             console.print(f"[bold]bench[/bold] {label}")
             started = time.monotonic()
-            log = args.out.with_suffix(f".{mode}.{kernels}.g{args.gpus}.b{args.batch}.m{args.mbs}.log")
+            log = args.out.with_suffix(f".{_slug(mode, kernels, args)}.log")
             with log.open("w") as handle:
-                try:
-                    code = subprocess.run(
-                        cmd, stdout=handle, stderr=subprocess.STDOUT, timeout=args.timeout
-                    ).returncode
-                except subprocess.TimeoutExpired:
-                    code = f"timeout after {args.timeout:.0f} s"
+                code = _run_group(cmd, handle, args.timeout)
             lines = args.out.read_text().splitlines() if args.out.exists() else []
             if code == 0 and len(lines) > before:
                 row = json.loads(lines[-1])
@@ -167,6 +165,8 @@ def run_matrix(args: argparse.Namespace) -> list[dict[str, Any]]:
                 row |= {
                     "mbs": args.mbs,
                     "seq": args.seq,
+                    "fill": args.fill,
+                    "logprobs": args.logprobs,
                     "error": (tail or [f"exit {code}"])[0],
                 }
                 with args.out.open("a") as handle:
@@ -175,6 +175,36 @@ def run_matrix(args: argparse.Namespace) -> list[dict[str, Any]]:
             rows.append(row)
             console.print(f"  {_cell(row)}")
     return rows
+
+
+def _run_group(cmd: list[str], log: Any, timeout: float) -> int | str:
+    """Run in its own process group and kill the whole group on timeout.
+
+    torch.distributed.run's workers outlive a killed launcher: left running they hold the GPU and
+    the CPU, and they append a late row to the results, which skews every row measured after them.
+    """
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return f"timeout after {timeout:.0f} s"
+
+
+def _slug(mode: str, kernels: str, args: argparse.Namespace) -> str:
+    shape = f"g{args.gpus}.b{args.batch}.m{args.mbs}.s{args.seq}.f{args.fill:g}"
+    return f"{mode}.{kernels}.{args.logprobs}.{shape}"
+
+
+def _run_name(row: dict[str, Any]) -> str:
+    verl_logprobs = row.get("logprobs") == "verl" and row["mode"] != "plain"
+    return row["mode"] + (" (verl log-probs)" if verl_logprobs else "")
+
+
+def _shape(row: dict[str, Any]) -> str:
+    fill = row.get("fill", 1.0)
+    return f"{row['batch']}/{row['mbs']}/{row['seq']}" + (f" fill {fill:g}" if fill < 1 else "")
 
 
 def _cell(row: dict[str, Any]) -> str:
@@ -191,15 +221,15 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     head += "|---|---|---|---|---|---|---|---|---|\n"
     body = []
     for r in rows:
-        shape = f"{r['batch']}/{r['mbs']}/{r['seq']}"
+        shape = _shape(r)
         if "error" in r:
             body.append(
-                f"| {r['mode']} | {r['kernels']} | {r['gpus']} | {shape} | failed: {r['error'][:80]} |||||"
+                f"| {_run_name(r)} | {r['kernels']} | {r['gpus']} | {shape} | failed: {r['error'][:80]} |||||"
             )
             continue
         mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"
         body.append(
-            f"| {r['mode']} | {r['kernels']} | {r['gpus']} | {shape} | {r['tokens_per_s']:,.0f} | "
+            f"| {_run_name(r)} | {r['kernels']} | {r['gpus']} | {shape} | {r['tokens_per_s']:,.0f} | "
             f"{r['tokens_per_s_per_gpu']:,.0f} | {r['step_ms']:,.0f} | {mfu} | {r['peak_alloc_gib']} |"
         )
     return head + "\n".join(body) + "\n"
@@ -224,6 +254,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--steps", type=int, default=3, help="timed steps")
     run.add_argument("--warmup", type=int, default=1)
     run.add_argument("--recompute", action="store_true", help="gradient checkpointing")
+    run.add_argument(
+        "--logprobs",
+        choices=("chunked", "verl"),
+        default="chunked",
+        help="verl rows: engine.kernels.token_logprobs (what `engine run` uses) or verl's own fallback",
+    )
+    run.add_argument(
+        "--fill",
+        type=float,
+        default=1.0,
+        help="verl rows: response lengths uniform in [FILL, 1] x seq/2; tokens/s counts real tokens",
+    )
+    run.add_argument("--profile", type=Path, default=None, help="write torch.profiler tables here")
     run.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration")
     return parser
 
@@ -236,6 +279,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise UserError("--gpus, --batch, --mbs, --seq and --steps must be positive (--warmup >= 0)")
     if args.batch % args.mbs:
         raise UserError(f"--batch {args.batch} is not a multiple of --mbs {args.mbs}; make it one")
+    if not 0 < args.fill <= 1:
+        raise UserError(f"--fill {args.fill} must be in (0, 1]: the shortest response as a share of seq/2")
     if args.seq < 2:
         raise UserError("--seq must be at least 2 (half prompt, half response)")
     if not (args.model / "config.json").is_file():
@@ -259,9 +304,7 @@ def cli_main(argv: list[str]) -> int:
     for column in ("run", "kernels", "GPUs", "b/mbs/seq", "result"):
         table.add_column(column)
     for r in rows:
-        table.add_row(
-            r["mode"], r["kernels"], str(r["gpus"]), f"{r['batch']}/{r['mbs']}/{r['seq']}", _cell(r)
-        )
+        table.add_row(_run_name(r), r["kernels"], str(r["gpus"]), _shape(r), _cell(r))
     console.print(table)
     md = args.out.with_suffix(".md")
     md.write_text(markdown_table(rows))

@@ -7,6 +7,7 @@ appends one JSON row to the output file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -22,6 +23,22 @@ def _batch(vocab: int, batch: int, seq: int, device: Any, seed: int) -> Any:
 
     generator = torch.Generator(device="cpu").manual_seed(seed)
     return torch.randint(0, vocab, (batch, seq), generator=generator).to(device)
+
+
+def _response_mask(args: argparse.Namespace, half: int, seed: int) -> Any:
+    """Attention mask with full prompts and response lengths uniform in [fill, 1] x the response half.
+
+    `--fill 1` is every token real (no padding to remove); below 1 it is a GRPO-like batch of ragged
+    responses, right-padded, where packing (remove-padding) has work to skip.
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    share = args.fill + (1 - args.fill) * torch.rand(args.batch, generator=generator)
+    lengths = (share * (args.seq - half)).round().clamp(min=1).long()
+    mask = torch.ones(args.batch, args.seq, dtype=torch.long)
+    mask[:, half:] = (torch.arange(args.seq - half) < lengths[:, None]).long()
+    return mask
 
 
 def _plain_step_fn(model_path: str, args: argparse.Namespace, device: Any) -> tuple[Any, int]:
@@ -42,12 +59,13 @@ def _plain_step_fn(model_path: str, args: argparse.Namespace, device: Any) -> tu
     vocab = config.get_text_config().vocab_size
     rank = int(os.environ.get("RANK", "0"))
 
-    def step(index: int) -> None:
+    def step(index: int) -> int:
         ids = _batch(vocab, args.batch, args.seq, device, 1000 * rank + index)
         for micro in ids.split(args.mbs):
             model(input_ids=micro, labels=micro).loss.backward()
         optim.step()
         optim.zero_grad(set_to_none=True)
+        return ids.numel()
 
     return step, text_params(config)
 
@@ -65,6 +83,10 @@ def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tu
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import left_right_2_no_padding
 
+    if args.logprobs == "chunked":  # what engine.verl_ext does in every verl process of `engine run`
+        from engine.kernels import install_token_logprobs
+
+        install_token_logprobs()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     model_config = HFModelConfig(
@@ -98,17 +120,17 @@ def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tu
     vocab = model_config.hf_config.get_text_config().vocab_size
     half = args.seq // 2
 
-    def step(index: int) -> None:
+    def step(index: int) -> int:
         ids = _batch(vocab, args.batch, args.seq, "cpu", 1000 * rank + index)
-        ones = torch.ones_like(ids)
+        mask = _response_mask(args, half, 1000 * rank + index)
         data = DataProto.from_single_dict(
             {
                 "input_ids": ids,
                 "prompts": ids[:, :half],
-                "attention_mask": ones,
+                "attention_mask": mask,
                 "position_ids": torch.arange(args.seq).expand(args.batch, args.seq).clone(),
                 "responses": ids[:, half:],
-                "response_mask": ones[:, half:],
+                "response_mask": mask[:, half:],
                 "old_log_probs": torch.full((args.batch, args.seq - half), -12.0),
                 "advantages": torch.randn(args.batch, args.seq - half),
             },
@@ -126,8 +148,33 @@ def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tu
         )
         with engine.train_mode():
             engine.train_batch(td, loss_function=loss_fn)
+        return int(mask.sum())
 
     return step, text_params(model_config.hf_config)
+
+
+def _profiler(args: argparse.Namespace, cuda: bool) -> Any:
+    """torch.profiler over the timed steps when --profile is set (the timing then includes its cost)."""
+    if not args.profile:
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    return profile(activities=activities, record_shapes=False)
+
+
+def _write_profile(profiler: Any, args: argparse.Namespace, mode: str, cuda: bool) -> None:
+    """Top operators by device and host time, and the operator count: where an engine step goes."""
+    averages = profiler.key_averages()
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    calls = sum(event.count for event in averages)
+    text = f"# {mode}/{args.kernels[0]} b{args.batch} mbs{args.mbs} s{args.seq}: {calls} operator calls\n"
+    text += averages.table(sort_by=sort, row_limit=40, max_name_column_width=70)
+    if cuda:
+        text += "\n" + averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)
+    args.profile.mkdir(parents=True, exist_ok=True)
+    name = f"{mode}.{args.kernels[0]}.{args.logprobs}.b{args.batch}.m{args.mbs}.s{args.seq}.f{args.fill:g}"
+    (args.profile / f"{name}.txt").write_text(text)
 
 
 def worker_main(argv: list[str]) -> int:
@@ -155,29 +202,34 @@ def worker_main(argv: list[str]) -> int:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     dist.barrier()
+    profiler = _profiler(args, cuda)
     start = time.perf_counter()
-    for index in range(args.steps):
-        step(args.warmup + index)
-    sync()
+    with profiler or contextlib.nullcontext():
+        real_tokens = sum(step(args.warmup + index) for index in range(args.steps))
+        sync()
     dist.barrier()
     elapsed = (time.perf_counter() - start) / args.steps
+    if profiler is not None and dist.get_rank() == 0:
+        _write_profile(profiler, args, mode, cuda)
     world = dist.get_world_size()
     peak = torch.tensor([torch.cuda.max_memory_allocated() if cuda else 0.0], device=device)
     reserved = torch.tensor([torch.cuda.max_memory_reserved() if cuda else 0.0], device=device)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     dist.all_reduce(reserved, op=dist.ReduceOp.MAX)
     if dist.get_rank() == 0:
-        tokens = args.batch * args.seq * world / elapsed
+        tokens = real_tokens * world / args.steps / elapsed  # non-padding tokens (same count per rank)
         name = torch.cuda.get_device_name() if cuda else "cpu"
         peak_tflops = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
         row = {
             "mode": mode,
             "kernels": args.kernels[0],
             "kernel_detail": kernels,
+            "logprobs": args.logprobs if mode != "plain" else "model loss",
             "gpus": world,
             "batch": args.batch,
             "mbs": args.mbs,
             "seq": args.seq,
+            "fill": args.fill,
             "step_ms": round(1000 * elapsed, 1),
             "tokens_per_s": round(tokens, 1),
             "tokens_per_s_per_gpu": round(tokens / world, 1),

@@ -1,9 +1,11 @@
-"""Fast Qwen3.5 gated-delta-net kernels on GPU: flash-linear-attention, with its Triton causal conv1d.
+"""Fast kernels for Qwen3.5 training: flash-linear-attention with its Triton causal conv1d, and
+chunked token log-probs.
 
 verl loads this module in every worker when it is named in `VERL_USE_EXTERNAL_MODULES` (the GPU recipe
 does); with `ENGINE_FLA_CONV1D=1` it routes transformers' Qwen3.5 layers through fla before any model
 is built. The causal-conv1d CUDA extension is a source build against the installed torch; fla ships the
-same operation in Triton, varlen included, so no compiler is needed on the cluster.
+same operation in Triton, varlen included, so no compiler is needed on the cluster. `token_logprobs`
+replaces verl's row-by-row log-prob fallback (installed by `engine.verl_ext`).
 """
 
 from __future__ import annotations
@@ -89,6 +91,86 @@ def select_kernels(kernels: str) -> str:
     if hasattr(qwen, "is_fast_path_available"):
         qwen.is_fast_path_available = True
     return f"fla {_version('fla-core')} + Triton conv1d (triton {_version('triton')})"
+
+
+# ------------------------------------------------------------------------------ token log-probabilities
+CHUNK_BYTES = 1 << 30  # fp32 working set per chunk of rows in forward and backward
+
+
+def _chunk_rows(vocab: int) -> int:
+    return max(1, CHUNK_BYTES // (4 * vocab))
+
+
+def _token_logprobs_function() -> type:
+    import torch
+
+    class TokenLogProbs(torch.autograd.Function):
+        """log softmax(logits)[label] in fp32, chunked over rows; backward recomputes softmax per chunk.
+
+        Saves only the logits (alive anyway) and one fp32 logsumexp per row, so memory stays that of
+        the row-by-row loop it replaces while the kernel count drops from O(tokens) to O(tokens/chunk).
+        """
+
+        @staticmethod
+        def forward(ctx: Any, logits: Any, labels: Any) -> Any:
+            vocab = logits.shape[-1]
+            flat, flat_labels = logits.reshape(-1, vocab), labels.reshape(-1, 1)
+            lse = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+            step = _chunk_rows(vocab)
+            for start in range(0, flat.shape[0], step):
+                stop = start + step
+                lse[start:stop] = torch.logsumexp(flat[start:stop].float(), dim=-1)
+            picked = flat.gather(1, flat_labels).squeeze(1).float()
+            ctx.save_for_backward(logits, labels, lse)
+            return (picked - lse).view(labels.shape)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            logits, labels, lse = ctx.saved_tensors
+            vocab = logits.shape[-1]
+            flat, flat_labels = logits.reshape(-1, vocab), labels.reshape(-1, 1)
+            flat_grad = grad.reshape(-1, 1).float()
+            out = torch.empty_like(flat)
+            step = _chunk_rows(vocab)
+            for start in range(0, flat.shape[0], step):
+                stop = start + step
+                g = flat_grad[start:stop]
+                probs = (flat[start:stop].float() - lse[start:stop, None]).exp_()
+                probs.mul_(-g).scatter_add_(1, flat_labels[start:stop], g)  # g * (onehot - softmax)
+                out[start:stop] = probs
+            return out.view(logits.shape), None
+
+    return TokenLogProbs
+
+
+_TOKEN_LOGPROBS: type | None = None
+
+
+def token_logprobs(logits: Any, labels: Any, inplace_backward: bool = True) -> Any:
+    """Drop-in for verl's `logprobs_from_logits`; `inplace_backward` is accepted and ignored."""
+    global _TOKEN_LOGPROBS
+    if _TOKEN_LOGPROBS is None:
+        _TOKEN_LOGPROBS = _token_logprobs_function()
+    return _TOKEN_LOGPROBS.apply(logits, labels)
+
+
+def install_token_logprobs() -> str | None:
+    """Replace verl's row-by-row log-prob fallback with `token_logprobs`, where verl would use it.
+
+    Without flash-attn's Triton cross-entropy (absent from the GPU image: it is a CUDA source build)
+    and off Ascend, verl 0.9.1 computes log-probs one token row at a time: ~20 kernels per token in
+    forward and backward, tens of thousands per micro-batch, which made its engine step several
+    times slower than the model's own forward and backward on H200. Returns what was replaced.
+    """
+    from verl.utils import torch_functional as verl_F
+
+    if verl_F.FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE or verl_F.NPU_CROSS_ENTROPY_LOSS_AVAILABLE:
+        return None
+    original = verl_F.logprobs_from_logits
+    for name, module in list(sys.modules.items()):  # verl modules that imported the name before us
+        if name.startswith("verl.") and vars(module).get("logprobs_from_logits") is original:
+            module.logprobs_from_logits = token_logprobs  # type: ignore[attr-defined]
+    return "verl.utils.torch_functional.logprobs_from_logits -> engine.kernels.token_logprobs"
 
 
 def _version(dist: str) -> str:

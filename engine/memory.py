@@ -9,9 +9,9 @@ from engine.plan import Plan
 
 GIB = 1024**3
 # Measured peak / modelled (activations + logits) on one and two H200s through verl's FSDP2 engine
-# (packed, fla kernels, chunked entropy, no recompute): 1.85-2.05 at 4-8k tokens per micro-batch, 1.14 at
-# 2k; 1.8 keeps all five measured settings within +-15% (docs/performance.md). The unmodelled part is
-# verl's fp32 log-softmax/entropy copies of the logits and autograd's saved gated-delta-net tensors.
+# (packed, fla kernels, chunked entropy and log-probs, no recompute): 1.8 keeps all five measured
+# settings within +-15% (-10.2% to +2.4%, docs/performance.md). The unmodelled part is the bf16 logits
+# and their gradient next to the fp32 chunk, and autograd's saved gated-delta-net tensors.
 ACTIVATION_CALIBRATION = 1.8
 
 

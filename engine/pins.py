@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -153,9 +154,10 @@ def fsdp_turbo_info(import_name: str = "fsdp_turbo") -> dict[str, str | None]:
     return info
 
 
-def installed_versions() -> dict[str, str | None]:
-    """Installed versions of everything the stacks pin (None: not installed)."""
+def installed_versions(also: Iterable[str] = ()) -> dict[str, str | None]:
+    """Installed versions of the tracked packages and of `also` (None: not installed)."""
     found: dict[str, str | None] = {key: _dist_version(dist) for key, dist in TRACKED.items()}
+    found |= {name: _dist_version(name) for name in also if name not in found}
     turbo = fsdp_turbo_info()
     found["fsdp_turbo"] = turbo["version"]
     found["fsdp_turbo_commit"] = turbo["commit"]
@@ -168,11 +170,17 @@ def installed_versions() -> dict[str, str | None]:
     return found
 
 
-def verl_extension(pins: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Whether verl will load the engine's extension (named in $VERL_USE_EXTERNAL_MODULES, importable)."""
+def verl_extension(
+    pins: dict[str, Any] | None = None, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Whether verl will load the engine's extension (named in VERL_USE_EXTERNAL_MODULES, importable).
+
+    `env` is the environment the launch will have (a plan's exports); the process's own by default.
+    """
     pins = pins if pins is not None else load_pins()
     module = str(pins["engine"].get("verl_extension_module", ""))
-    named = [m.strip() for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m.strip()]
+    env = os.environ if env is None else env
+    named = [m.strip() for m in env.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m.strip()]
     try:
         importable = bool(module) and importlib.util.find_spec(module) is not None
     except ImportError:
@@ -186,13 +194,17 @@ def _same_version(pinned: str, installed: str) -> bool:
 
 
 def drift(
-    stack: str, installed: dict[str, str | None] | None = None, pins: dict[str, Any] | None = None
+    stack: str,
+    installed: dict[str, str | None] | None = None,
+    pins: dict[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> list[str]:
     """One line per difference between the stack's pins and the installed versions; empty when none."""
     pins = pins if pins is not None else load_pins()
-    installed = installed if installed is not None else installed_versions()
+    expected = expected_versions(stack, pins)
+    installed = installed if installed is not None else installed_versions(expected)
     problems: list[str] = []
-    for key, pinned in expected_versions(stack, pins).items():
+    for key, pinned in expected.items():
         have = installed.get(key)
         if is_unresolved(pinned):
             problems.append(f"{key}: pin is unresolved ({pinned}); installed {have or 'nothing'}")
@@ -201,7 +213,7 @@ def drift(
         elif not _same_version(pinned, have):
             problems.append(f"{key}: pinned {pinned}, installed {have}")
     if stack_pins(stack, pins).get("kind") == "image":
-        ext = verl_extension(pins)
+        ext = verl_extension(pins, env)
         if not ext["enabled"]:
             problems.append(f"verl extension: {ext['module']} is not in $VERL_USE_EXTERNAL_MODULES")
         elif not ext["importable"]:
@@ -217,7 +229,7 @@ def report(stack: str | None = None) -> dict[str, Any]:
     """Everything verify-env knows, as the provenance record stores it."""
     pins = load_pins()
     stack = stack or _default_stack()
-    installed = installed_versions()
+    installed = installed_versions(expected_versions(stack, pins))
     problems = drift(stack, installed, pins)
     return {
         "stack": stack,

@@ -284,7 +284,8 @@ def _pins(plan: Plan) -> list[str]:
         os.environ.get("ENGINE_STACK")
         or {"gpu": "gpu", "npu": "ascend-a3", "cpu": "cpu"}[plan.recipe.cluster.device]
     )
-    return [f"pins: {line}" for line in pins.drift(stack)]
+    launch_env = {**os.environ, **plan.env}  # what verl's processes will see: the plan exports its own
+    return [f"pins: {line}" for line in pins.drift(stack, env=launch_env)]
 
 
 ENV_CHECKS: list[Callable[[Plan], list[str]]] = [

@@ -6,15 +6,17 @@ driver and in every Ray worker that inherits the environment. Importing this mod
 1. registers a `cpu` platform (`PlatformRegistry.register`) — chosen only by `VERL_PLATFORM=cpu`;
 2. registers the `hf` rollout: its replica in `RolloutReplicaRegistry` and its worker adapter in the
    `(name, mode)` rollout registry, both loaded lazily (see `engine.hf_rollout`);
-3. when the platform is `cpu`, applies the one runtime fix: verl builds the process-group backend as
+3. replaces verl's row-by-row log-prob fallback (used when flash-attn's cross-entropy is absent, as in
+   the project's GPU image) with the chunked `engine.kernels.token_logprobs`;
+4. when the platform is `cpu`, applies the one runtime fix: verl builds the process-group backend as
    `cpu:gloo,{device}:{ccl}`, which on CPU is `cpu:gloo,cpu:gloo` ("Duplicate device type cpu"); the
    default of `initialize_global_process_group_ray(backend=None)` is set to plain `gloo`, so every
    caller that does not pass a backend gets one torch accepts (the function object is shared, so this
    reaches callers that imported it by name);
-4. in the driver of `verl.trainer.main_ppo`, fails at once when the launch selects the `fsdp_turbo`
+5. in the driver of `verl.trainer.main_ppo`, fails at once when the launch selects the `fsdp_turbo`
    strategy and the `fsdp_turbo` package cannot be imported.
 
-Why (4) runs at import time: verl offers no hook in the driver between Hydra composing the config and
+Why (5) runs at import time: verl offers no hook in the driver between Hydra composing the config and
 Ray starting workers (`auto_set_device`/`validate_config` are plain functions, not registries). The
 external-module import is the earliest point verl hands us in the driver, so the check reads what
 selects the strategy — the Hydra overrides on the command line (`sys.orig_argv`) and, when given, the
@@ -228,7 +230,7 @@ def cpu_platform_selected() -> bool:
 
 
 def apply_gloo_backend_fix() -> None:
-    """Default the Ray process-group backend to plain gloo (see module docstring, item 3)."""
+    """Default the Ray process-group backend to plain gloo (see module docstring, item 4)."""
     from verl.utils import distributed
 
     func = distributed.initialize_global_process_group_ray
@@ -282,6 +284,9 @@ def install() -> None:
         raise SystemExit(2)
     _register_platform()
     _register_rollout()
+    from engine.kernels import install_token_logprobs
+
+    install_token_logprobs()
     if cpu_platform_selected():
         apply_gloo_backend_fix()
 

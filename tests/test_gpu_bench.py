@@ -38,7 +38,7 @@ def test_conv1d_cpu_path_equals_torch_depthwise_conv() -> None:
 
 def _args(tmp_path: Path, **kw: object) -> argparse.Namespace:
     base = {"modes": ["plain"], "kernels": ["fla"], "gpus": 1, "batch": 4, "mbs": 4, "seq": 2048}
-    base |= {"steps": 2, "warmup": 1, "model": tmp_path}
+    base |= {"steps": 2, "warmup": 1, "model": tmp_path, "fill": 1.0}
     return argparse.Namespace(**(base | kw))
 
 
@@ -49,6 +49,8 @@ def test_validate_refuses_bad_matrix(tmp_path: Path) -> None:
         gpu_bench._validate(_args(tmp_path, modes=["fast"]))
     with pytest.raises(UserError, match="multiple"):
         gpu_bench._validate(_args(tmp_path, batch=6))
+    with pytest.raises(UserError, match="--fill"):
+        gpu_bench._validate(_args(tmp_path, fill=0.0))
     with pytest.raises(UserError, match="make-model"):
         gpu_bench._validate(_args(tmp_path / "nope"))
 
@@ -62,3 +64,62 @@ def test_markdown_table_rows_and_failures() -> None:
     table = gpu_bench.markdown_table([ok, bad])
     assert "| plain | fla | 1 | 4/4/2048 | 31,362 | 31,362 | 261 | 14.3% | 48.71 |" in table
     assert "failed: timeout after 90 s" in table
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_token_logprobs_equal_log_softmax_in_value_and_gradient(
+    dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    vocab = 3000
+    monkeypatch.setattr(kernels, "CHUNK_BYTES", 4 * vocab * 7)  # 7 rows per chunk: several + a ragged end
+    generator = torch.Generator().manual_seed(0)
+    logits = (4 * torch.randn(3, 11, vocab, generator=generator)).to(getattr(torch, dtype))
+    logits = logits.transpose(0, 1).requires_grad_()  # non-contiguous, as verl's slices can be
+    labels = torch.randint(0, vocab, (11, 3), generator=generator)
+    weights = torch.randn(11, 3, generator=generator)
+
+    ours = kernels.token_logprobs(logits, labels)
+    (ours * weights).sum().backward()
+    grad, logits.grad = logits.grad, None
+    reference = torch.log_softmax(logits.float(), -1).gather(-1, labels[..., None]).squeeze(-1)
+    (reference * weights).sum().backward()
+
+    assert ours.dtype == torch.float32 and ours.shape == labels.shape
+    assert torch.allclose(ours, reference, atol=1e-5)
+    assert grad.dtype == logits.dtype
+    tolerance = 1e-6 if dtype == "float32" else 1e-2  # bf16 rounding of the gradient itself
+    assert torch.allclose(grad.float(), logits.grad.float(), atol=tolerance)
+
+
+def test_verl_processes_get_chunked_logprobs_through_the_extension() -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import verl\n"
+        "from verl.utils import torch_functional as F\n"
+        "from verl.workers.engine.fsdp import transformer_impl as T\n"
+        "print(F.logprobs_from_logits.__module__, T.logprobs_from_logits is F.logprobs_from_logits)"
+    )
+    env = dict(os.environ, VERL_USE_EXTERNAL_MODULES="engine.verl_ext")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["engine.kernels", "True"]
+
+
+def test_timeout_kills_the_workers_a_launcher_started(tmp_path: Path) -> None:
+    import os
+    import time
+
+    log = tmp_path / "run.log"
+    with log.open("w") as handle:  # the launcher starts a worker and waits, as torch.distributed.run does
+        code = gpu_bench._run_group(["bash", "-c", "sleep 60 & echo $!; wait"], handle, timeout=2.0)
+    worker = int(log.read_text().split()[0])
+    time.sleep(0.2)
+    assert code == "timeout after 2 s"
+    stat = Path(f"/proc/{worker}/stat")
+    state = stat.read_text().split()[2] if os.path.exists(stat) else "gone"
+    assert state in ("gone", "Z"), f"worker {worker} survived the timeout (state {state})"

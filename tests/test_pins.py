@@ -81,6 +81,16 @@ def test_drift_compares_public_versions_and_flags_placeholders() -> None:
     assert "vllm: pinned 0.18.0, not installed" in gpu
 
 
+def test_every_pinned_package_is_looked_up_and_the_launch_env_names_the_extension() -> None:
+    data = pins.load_pins()
+    data["stacks"]["gpu"]["packages"]["PyYAML"] = "0.0.1"  # pinned, installed here, not in TRACKED
+    gpu = pins.drift("gpu", pins=data, env={})
+    assert any(line.startswith("PyYAML: pinned 0.0.1, installed ") for line in gpu)
+    assert any(line.startswith("verl extension:") for line in gpu)
+    named = {"VERL_USE_EXTERNAL_MODULES": "engine.kernels,engine.verl_ext"}
+    assert not [line for line in pins.drift("gpu", pins=data, env=named) if "verl extension" in line]
+
+
 def test_fsdp_turbo_commit_found_from_install_record(tmp_path: Path) -> None:
     commit = "89abcdef" * 5
     (tmp_path / "fsdp_turbo").mkdir()
