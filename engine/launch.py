@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -328,6 +329,8 @@ def bench_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     out = (args.out or ROOT / "results" / "bench" / Path(args.recipe).stem).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    for previous in (out / "engine", out / "bare"):  # a checkpoint left there would resume: no training
+        shutil.rmtree(previous, ignore_errors=True)
     engine_cmd = [sys.executable, "-m", "engine", "run", args.recipe, "--out", str(out / "engine")]
     engine_cmd += [f"--device={args.device}"] if args.device else []
     engine_cmd += [f"--set={item}" for item in args.sets]
@@ -350,15 +353,20 @@ def bench_main(argv: list[str]) -> int:
     table.add_row("peak RSS GiB (summed)", f"{ours['peak_rss_gib']:.2f}", f"{bare['peak_rss_gib']:.2f}", "")
     table.add_row("processes (max)", str(ours["max_processes"]), str(bare["max_processes"]), "")
     table.add_row("overhead (wall ratio)", f"{ratio}", "1", f"<= {args.max_overhead:g}")
-    console.print(table)
+    target = p.recipe.trainer.total_training_steps
+    trained = {name: len(read_metrics(out / name / "metrics.jsonl")) for name in ("engine", "bare")}
+    table.add_row("steps trained", str(trained["engine"]), str(trained["bare"]), str(target))
     checks = {
         "exit_codes_zero": ours["exit_code"] == 0 and bare["exit_code"] == 0,
+        "trained": all(steps == target for steps in trained.values()),
         "wall": ours["wall_s"] <= args.max_wall,
         "memory": ours["peak_pss_gib"] <= args.max_gib,
         "overhead": ratio is not None and ratio <= args.max_overhead,
     }
+    console.print(table)
     record = {
         "recipe": p.recipe.name,
+        "steps_trained": trained,
         "engine": ours,
         "bare": bare,
         "overhead_ratio": ratio,
@@ -367,4 +375,4 @@ def bench_main(argv: list[str]) -> int:
     _atomic_write(out / "bench.json", json.dumps(record, indent=2) + "\n")
     for name, ok in checks.items():
         console.print(f"{'met' if ok else 'MISSED'}: {name}", style="green" if ok else "yellow")
-    return 0 if checks["exit_codes_zero"] else 1
+    return 0 if checks["exit_codes_zero"] and checks["trained"] else 1
