@@ -182,6 +182,13 @@ def _text_kwargs(tokenizer: Any, spec: Any) -> dict[str, Any]:
         "linear_num_value_heads": spec.linear_value_heads,
         "max_position_embeddings": spec.max_position_embeddings,
         "tie_word_embeddings": spec.tie_word_embeddings,
+        **text_token_ids(tokenizer),
+    }
+
+
+def text_token_ids(tokenizer: Any) -> dict[str, Any]:
+    """The text config's token ids (Qwen3.5 has no BOS), shared with bench-gpu's model."""
+    return {
         "pad_token_id": tokenizer.pad_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "bos_token_id": None,
@@ -202,19 +209,23 @@ def _vision_kwargs() -> dict[str, Any]:
     }
 
 
+def vision_token_ids(tokenizer: Any) -> dict[str, int]:
+    """The VL config's special-token ids, from the project's tokenizer (shared with bench-gpu's model)."""
+    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in SPECIAL_TOKENS}
+    return {
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+    }
+
+
 def build_model(tokenizer: Any, seed: int, moe: bool) -> Any:
     """Random-init Qwen3.5 (or Qwen3.5-MoE) in the VL layout, float32, seeded."""
     import torch
     from transformers.models import qwen3_5, qwen3_5_moe
 
-    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in SPECIAL_TOKENS}
-    top = {
-        "image_token_id": ids["<|image_pad|>"],
-        "video_token_id": ids["<|video_pad|>"],
-        "vision_start_token_id": ids["<|vision_start|>"],
-        "vision_end_token_id": ids["<|vision_end|>"],
-        "tie_word_embeddings": False,
-    }
+    top = vision_token_ids(tokenizer) | {"tie_word_embeddings": False}
     spec = TINY_MOE if moe else TINY
     text = _text_kwargs(tokenizer, spec)
     if moe:
@@ -241,7 +252,8 @@ def build_model(tokenizer: Any, seed: int, moe: bool) -> Any:
     return model
 
 
-def _save_model(model: Any, tokenizer: Any, target: Path) -> None:
+def save_model(model: Any, tokenizer: Any, target: Path) -> None:
+    """Model + tokenizer into a temp directory beside `target`, renamed over it only when complete."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
@@ -260,8 +272,8 @@ def build_all(out: Path, seed: int = 0, train_size: int = 256, test_size: int = 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(seed)
     paths = {"dense": out / "tiny-qwen35", "moe": out / "tiny-qwen35-moe"}
-    _save_model(build_model(tokenizer, seed, moe=False), tokenizer, paths["dense"])
-    _save_model(build_model(tokenizer, seed, moe=True), tokenizer, paths["moe"])
+    save_model(build_model(tokenizer, seed, moe=False), tokenizer, paths["dense"])
+    save_model(build_model(tokenizer, seed, moe=True), tokenizer, paths["moe"])
     data = out / "data" / "synthetic"
     data.mkdir(parents=True, exist_ok=True)
     write_parquet(make_rows(seed, train_size, "train"), data / "train.parquet")

@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -77,20 +76,11 @@ def make_model(out: Path, seed: int = 0, device: str = "cpu", small: bool = Fals
             "num_heads": 2,
             "out_hidden_size": 64,
         }
-    text |= {
-        "pad_token_id": tokenizer.pad_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "bos_token_id": None,
-    }
-    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in assets.SPECIAL_TOKENS}
     config = qwen3_5.Qwen3_5Config(
-        text_config=text,
+        text_config=text | assets.text_token_ids(tokenizer),
         vision_config=vision,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=text["tie_word_embeddings"],
+        **assets.vision_token_ids(tokenizer),
     )
     config.architectures = ["Qwen3_5ForConditionalGeneration"]
     torch.manual_seed(seed)
@@ -99,14 +89,7 @@ def make_model(out: Path, seed: int = 0, device: str = "cpu", small: bool = Fals
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    assets.save_model(model, tokenizer, out)
     return out
 
 
@@ -149,7 +132,7 @@ def run_matrix(args: argparse.Namespace) -> list[dict[str, Any]]:
             cmd += ["--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup)]
             cmd += ["--recompute"] if args.recompute else []
             cmd += ["--profile", str(args.profile)] if args.profile else []
-            cmd += ["--logprobs", args.logprobs, "--fill", str(args.fill)]
+            cmd += ["--logprobs", args.logprobs, "--fill", str(args.fill), "--gpus", str(args.gpus)]
             label = f"{mode}/{kernels} x{args.gpus} b{args.batch} mbs{args.mbs} s{args.seq}"
             console.print(f"[bold]bench[/bold] {label}")
             started = time.monotonic()
@@ -193,6 +176,7 @@ def _run_group(cmd: list[str], log: Any, timeout: float) -> int | str:
 
 
 def _slug(mode: str, kernels: str, args: argparse.Namespace) -> str:
+    """One configuration's file stem: its log here, its profile table in the worker."""
     shape = f"g{args.gpus}.b{args.batch}.m{args.mbs}.s{args.seq}.f{args.fill:g}"
     return f"{mode}.{kernels}.{args.logprobs}.{shape}"
 
@@ -207,10 +191,14 @@ def _shape(row: dict[str, Any]) -> str:
     return f"{row['batch']}/{row['mbs']}/{row['seq']}" + (f" fill {fill:g}" if fill < 1 else "")
 
 
+def _mfu(row: dict[str, Any]) -> str:
+    return f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "-"
+
+
 def _cell(row: dict[str, Any]) -> str:
     if "error" in row:
         return f"failed: {row['error'][:160]}"
-    mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "-"
+    mfu = _mfu(row)
     speed = f"{row['tokens_per_s']:,.0f} tok/s, {row['step_ms']:,.0f} ms/step"
     return f"{speed}, MFU {mfu}, peak {row['peak_alloc_gib']} GiB"
 
@@ -227,7 +215,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
                 f"| {_run_name(r)} | {r['kernels']} | {r['gpus']} | {shape} | failed: {r['error'][:80]} |||||"
             )
             continue
-        mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"
+        mfu = _mfu(r)
         body.append(
             f"| {_run_name(r)} | {r['kernels']} | {r['gpus']} | {shape} | {r['tokens_per_s']:,.0f} | "
             f"{r['tokens_per_s_per_gpu']:,.0f} | {r['step_ms']:,.0f} | {mfu} | {r['peak_alloc_gib']} |"

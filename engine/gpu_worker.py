@@ -14,8 +14,9 @@ import sys
 import time
 from typing import Any
 
-from engine.gpu_bench import PEAK_TFLOPS, _parser, text_params
-from engine.kernels import _version, select_kernels
+from engine.gpu_bench import PEAK_TFLOPS, _parser, _slug, text_params
+from engine.kernels import select_kernels
+from engine.pins import dist_version
 
 
 def _batch(vocab: int, batch: int, seq: int, device: Any, seed: int) -> Any:
@@ -173,8 +174,7 @@ def _write_profile(profiler: Any, args: argparse.Namespace, mode: str, cuda: boo
     if cuda:
         text += "\n" + averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)
     args.profile.mkdir(parents=True, exist_ok=True)
-    name = f"{mode}.{args.kernels[0]}.{args.logprobs}.b{args.batch}.m{args.mbs}.s{args.seq}.f{args.fill:g}"
-    (args.profile / f"{name}.txt").write_text(text)
+    (args.profile / f"{_slug(mode, args.kernels[0], args)}.txt").write_text(text)
 
 
 def worker_main(argv: list[str]) -> int:
@@ -239,8 +239,8 @@ def worker_main(argv: list[str]) -> int:
             "text_params": n_params,
             "device": name,
             "torch": torch.__version__,
-            "transformers": _version("transformers"),
-            "verl": _version("verl"),
+            "transformers": dist_version("transformers"),
+            "verl": dist_version("verl"),
         }
         with open(args.out, "a") as handle:
             handle.write(json.dumps(row) + "\n")

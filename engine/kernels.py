@@ -90,7 +90,9 @@ def select_kernels(kernels: str) -> str:
     qwen.FusedRMSNormGated = GatedNorm
     if hasattr(qwen, "is_fast_path_available"):
         qwen.is_fast_path_available = True
-    return f"fla {_version('fla-core')} + Triton conv1d (triton {_version('triton')})"
+    from engine.pins import dist_version
+
+    return f"fla {dist_version('fla-core')} + Triton conv1d (triton {dist_version('triton')})"
 
 
 # ------------------------------------------------------------------------------ token log-probabilities
@@ -171,15 +173,6 @@ def install_token_logprobs() -> str | None:
         if name.startswith("verl.") and vars(module).get("logprobs_from_logits") is original:
             module.logprobs_from_logits = token_logprobs  # type: ignore[attr-defined]
     return "verl.utils.torch_functional.logprobs_from_logits -> engine.kernels.token_logprobs"
-
-
-def _version(dist: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "absent"
 
 
 if os.environ.get("ENGINE_FLA_CONV1D") == "1":  # imported by verl workers through VERL_USE_EXTERNAL_MODULES

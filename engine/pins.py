@@ -101,7 +101,8 @@ def expected_versions(stack: str, pins: dict[str, Any] | None = None) -> dict[st
     return expected
 
 
-def _dist_version(name: str) -> str | None:
+def dist_version(name: str) -> str | None:
+    """Installed version of a distribution (None when it is not installed)."""
     try:
         return md.version(name)
     except md.PackageNotFoundError:
@@ -156,12 +157,12 @@ def fsdp_turbo_info(import_name: str = "fsdp_turbo") -> dict[str, str | None]:
 
 def installed_versions(also: Iterable[str] = ()) -> dict[str, str | None]:
     """Installed versions of the tracked packages and of `also` (None: not installed)."""
-    found: dict[str, str | None] = {key: _dist_version(dist) for key, dist in TRACKED.items()}
-    found |= {name: _dist_version(name) for name in also if name not in found}
+    found: dict[str, str | None] = {key: dist_version(dist) for key, dist in TRACKED.items()}
+    found |= {name: dist_version(name) for name in also if name not in found}
     turbo = fsdp_turbo_info()
     found["fsdp_turbo"] = turbo["version"]
     found["fsdp_turbo_commit"] = turbo["commit"]
-    engine_version = _dist_version(ENGINE_DISTRIBUTION)
+    engine_version = dist_version(ENGINE_DISTRIBUTION)
     if engine_version is None:
         import engine
 

@@ -29,6 +29,8 @@ from rich.console import Console
 from rich.progress import Progress
 
 from engine.errors import UserError
+from engine.hashing import sha256_file
+from engine.pins import canonical
 
 MANIFEST = "manifest.json"
 MIB = 1024 * 1024
@@ -44,11 +46,6 @@ PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;\\]+)")
 console = Console(stderr=True, highlight=False)
 
 
-def normalize(name: str) -> str:
-    """PEP 503 name: what pip and wheel file names agree on."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def parse_pins(text: str, source: str = "<pins>") -> dict[str, str]:
     """`name==version` pins from a requirements/lock text (hashes, markers, comments, `via` lines ignored).
 
@@ -62,19 +59,11 @@ def parse_pins(text: str, source: str = "<pins>") -> dict[str, str]:
         match = PIN.match(line)
         if not match:
             raise UserError(f"{source}:{number}: {line!r} is not an exact NAME==VERSION pin; pin it")
-        name, version = normalize(match.group(1)), match.group(3)
+        name, version = canonical(match.group(1)), match.group(3)
         if pins.get(name, version) != version:
             raise UserError(f"{source}:{number}: {name} pinned twice ({pins[name]} and {version}); keep one")
         pins[name] = version
     return pins
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(MIB), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def split_file(path: Path, max_bytes: int) -> list[Path]:
@@ -126,7 +115,7 @@ def _pure(filename: str) -> bool:
 
 
 def _skipped(args: argparse.Namespace) -> set[str]:
-    names = {normalize(name) for name in args.skip}
+    names = {canonical(name) for name in args.skip}
     for path in args.skip_from:
         names |= set(parse_pins(Path(path).read_text(), str(path)))
     return names
@@ -162,12 +151,12 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
                     "name": name,
                     "version": version,
                     "file": wheel.name,
-                    "sha256": sha256(wheel),
+                    "sha256": sha256_file(wheel),
                     "size": wheel.stat().st_size,
                 }
                 if entry["size"] > max_bytes:
                     parts = split_file(wheel, max_bytes)
-                    entry["parts"] = [{"file": p.name, "sha256": sha256(p)} for p in parts]
+                    entry["parts"] = [{"file": p.name, "sha256": sha256_file(p)} for p in parts]
                 entries.append(entry)
                 progress.advance(task)
         manifest = {
@@ -238,7 +227,7 @@ def assemble(source: Path, manifest: dict[str, Any], dest: Path) -> list[Path]:
                     handle.write(data)
         else:
             shutil.copyfile(source / entry["file"], target)
-        if sha256(target) != entry["sha256"]:
+        if sha256_file(target) != entry["sha256"]:
             raise UserError(f"{entry['file']}: sha256 mismatch after assembly; copy the wheelhouse again")
         wheels.append(target)
     return wheels

@@ -4,7 +4,6 @@ checkpoint, export with verl's model merger, and repeat bit-for-bit at step 1 wi
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -88,7 +87,6 @@ def test_checkpoint_exports_and_differs_from_init(dense_run: dict, tiny_assets: 
         capture_output=True,
         text=True,
         timeout=600,
-        env=dict(os.environ),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     config = transformers.AutoConfig.from_pretrained(merged)

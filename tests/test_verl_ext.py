@@ -102,7 +102,7 @@ def test_gloo_fix_makes_a_process_group_on_cpu() -> None:
     assert "(None, None)" in plain.stdout
 
 
-def test_turbo_check_reads_the_command_line(tmp_path: Path) -> None:
+def test_turbo_check_reads_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from engine import verl_ext
 
     main = [PYTHON, "-m", "verl.trainer.main_ppo"]
@@ -117,8 +117,10 @@ def test_turbo_check_reads_the_command_line(tmp_path: Path) -> None:
     ray_worker = [PYTHON, "/x/ray/_private/workers/default_worker.py", "--node-ip-address=1.2.3.4"]
     assert not verl_ext.is_trainer_driver(ray_worker)
     assert verl_ext.check_turbo([*ray_worker, turbo]) is None
-    expected = None if verl_ext.find_spec("fsdp_turbo") else verl_ext.TURBO_MISSING
-    assert verl_ext.check_turbo([*main, turbo]) == expected
+    monkeypatch.setattr(verl_ext, "find_spec", lambda name: None)  # FSDPTurbo absent
+    assert verl_ext.check_turbo([*main, turbo]) == verl_ext.TURBO_MISSING
+    monkeypatch.setattr(verl_ext, "find_spec", lambda name: object())  # FSDPTurbo importable
+    assert verl_ext.check_turbo([*main, turbo]) is None
 
 
 @pytest.mark.slow
@@ -211,16 +213,13 @@ def test_hf_server_weight_sync_changes_outputs_and_rejects_unknown_names(tiny_mo
     assert out.extra_fields["global_steps"] == 3
 
 
-def test_hf_server_fuses_per_expert_weights_from_verl(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_hf_server_fuses_per_expert_weights_from_verl(tiny_model: Path) -> None:
     """verl syncs MoE experts one by one; the transformers model keeps them fused (gate before up)."""
     import torch
 
-    from engine import assets
     from engine.hf_rollout import fuse_experts
 
-    out = tmp_path_factory.mktemp("moe-assets")
-    assets.build_all(out, seed=0, train_size=2, test_size=1)
-    server = _server(out / "tiny-qwen35-moe")
+    server = _server(tiny_model.parent / "tiny-qwen35-moe")
     own = {name: tensor.clone() for name, tensor in server.model.state_dict().items()}
     split: dict[str, torch.Tensor] = {}
     for name, tensor in own.items():
@@ -249,3 +248,15 @@ def test_hf_server_fuses_per_expert_weights_from_verl(tmp_path_factory: pytest.T
     incomplete = {k: v for k, v in split.items() if ".experts.3." not in k}
     with pytest.raises(KeyError, match="incomplete expert set"):
         fuse_experts(incomplete, new)
+
+
+def test_verl_processes_get_chunked_logprobs_through_the_extension() -> None:
+    code = (
+        "import verl\n"
+        "from verl.utils import torch_functional as F\n"
+        "from verl.workers.engine.fsdp import transformer_impl as T\n"
+        "print(F.logprobs_from_logits.__module__, T.logprobs_from_logits is F.logprobs_from_logits)"
+    )
+    out = _python(code)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["engine.kernels", "True"]

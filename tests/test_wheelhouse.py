@@ -11,6 +11,7 @@ import pytest
 
 from engine import wheelhouse
 from engine.errors import UserError
+from engine.hashing import sha256_file
 
 
 def test_parse_pins_reads_hashed_lock_and_refuses_ranges() -> None:
@@ -35,11 +36,11 @@ def _house(tmp_path: Path, size: int, max_bytes: int) -> Path:
             "demo-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
         )
         zf.writestr("demo-1.0.dist-info/RECORD", "")
-    entry = {"name": "demo", "version": "1.0", "file": wheel.name, "sha256": wheelhouse.sha256(wheel)}
+    entry = {"name": "demo", "version": "1.0", "file": wheel.name, "sha256": sha256_file(wheel)}
     entry["size"] = wheel.stat().st_size
     if entry["size"] > max_bytes:
         parts = wheelhouse.split_file(wheel, max_bytes)
-        entry["parts"] = [{"file": p.name, "sha256": wheelhouse.sha256(p)} for p in parts]
+        entry["parts"] = [{"file": p.name, "sha256": sha256_file(p)} for p in parts]
     (house / "manifest.json").write_text(json.dumps({"wheels": [entry]}))
     return house
 

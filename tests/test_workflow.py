@@ -20,8 +20,8 @@ FIVE = {"prepare_data", "smoke", "train", "export", "provenance"}
 TARGETS = ["run_qwen35_35b", "run_qwen35_27b", "smoke_cpu", "ci_smoke_gpu", "ci_smoke_npu"]
 
 
-def snakemake(*args: str, cwd: Path = ROOT, timeout: int = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SNAKEMAKE), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+def snakemake(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(SNAKEMAKE), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def job_counts(stdout: str) -> dict[str, int]:
@@ -32,7 +32,7 @@ def job_counts(stdout: str) -> dict[str, int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS)
-def test_dry_run_resolves_every_device_and_node_count(target: str, tmp_path: Path) -> None:
+def test_dry_run_resolves_every_device_and_node_count(target: str) -> None:
     for device in ("gpu", "npu"):
         for nodes in (1, 2):
             proc = snakemake("-n", "-p", target, "--config", f"device={device}", f"nodes={nodes}", "hub=True")

@@ -2,7 +2,6 @@
 # Bad input stops the workflow here, before any job, with one line naming the key and the fix.
 
 import functools
-import os
 import shlex
 import sys
 from pathlib import Path

@@ -12,14 +12,15 @@ import re
 import sys
 from pathlib import Path
 
+from engine.launch import saved_step
+
 
 def main(run_dir: str) -> int:
     run = Path(run_dir)
-    marker = run / "checkpoints" / "latest_checkpointed_iteration.txt"
-    if not marker.is_file():
+    saved = saved_step(run / "checkpoints")
+    if not saved:
         print(f"error: {run}/checkpoints has no finished checkpoint; set trainer.save_freq", file=sys.stderr)
         return 1
-    saved = int(marker.read_text().strip())
     record = json.loads((run / "run.json").read_text())
     want = record.get("target_steps") or record.get("last_step")
     log = run / "train.log"

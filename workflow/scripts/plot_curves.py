@@ -1,26 +1,15 @@
 """Reward and loss curves of one training run from verl's metrics JSONL (for `snakemake --report`).
 
-Lines are verl's file-logger records `{"step": N, "data": {...}}` (a flat `{"step": N, ...}` is read
-too). A resumed run may log a step twice; the latest line wins.
+A resumed run may log a step twice; the latest line wins.
 """
 
 import sys
 from pathlib import Path
 
-from engine.launch import read_metrics as read_rows
+from engine.provenance import read_metrics
 
 REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
 LOSS_KEYS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy")
-
-
-def read_metrics(path: Path) -> dict[int, dict[str, float]]:
-    """step -> metrics, read as `engine run` reads them (torn lines of a killed run skipped)."""
-    steps: dict[int, dict[str, float]] = {}
-    for record in read_rows(path):
-        data = record.get("data", record)
-        numbers = {k: float(v) for k, v in data.items() if isinstance(v, int | float) and k != "step"}
-        steps[int(record["step"])] = numbers
-    return dict(sorted(steps.items()))
 
 
 def plot(metrics: dict[int, dict[str, float]], out: Path, title: str) -> list[str]:
@@ -57,8 +46,7 @@ def main(paths: list[str], out: str, title: str) -> int:
     """Merge the files in order (a later file's step wins), then plot."""
     metrics: dict[int, dict[str, float]] = {}
     for path in map(Path, paths):
-        if path.is_file():
-            metrics.update(read_metrics(path))
+        metrics.update((row["step"], row["data"]) for row in read_metrics(path))
     if not metrics:
         print(f"error: no step records in {', '.join(paths)}; did train log metrics?", file=sys.stderr)
         return 1
@@ -68,11 +56,9 @@ def main(paths: list[str], out: str, title: str) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    if "snakemake" in globals():
-        sm = globals()["snakemake"]
-        with open(sm.log[0], "w") as log:
-            sys.stdout = sys.stderr = log
-            code = main(list(sm.params.metrics), sm.output[0], f"{sm.wildcards.recipe}: reward and loss")
-        sys.exit(code)
-    sys.exit(main(sys.argv[3:], sys.argv[1], sys.argv[2]))
+if __name__ == "__main__":  # run by Snakemake's `script:`, which defines `snakemake`
+    sm = globals()["snakemake"]
+    with open(sm.log[0], "w") as log:
+        sys.stdout = sys.stderr = log
+        code = main(list(sm.params.metrics), sm.output[0], f"{sm.wildcards.recipe}: reward and loss")
+    sys.exit(code)
