@@ -14,9 +14,11 @@ run=results/smoke_qwen35_0p8b_h200
 model=results/gpu/qwen35-0p8b-random
 mkdir -p "$record"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+stages=" ${STAGES:-install imports run post} "  # a subset splits the smoke over several sessions
+want() { [[ $stages == *" $1 "* ]]; }
 stage() { echo "== $1 $(date -u +%H:%M:%S)"; }
 
-if [ -n "${WHEELHOUSE:-}" ]; then
+if [ -n "${WHEELHOUSE:-}" ] && want install; then
     stage install
     site=${SITE:-/tmp/site}
     $py -m pip freeze >"$record/target-freeze.txt"
@@ -24,25 +26,32 @@ if [ -n "${WHEELHOUSE:-}" ]; then
     export PYTHONPATH=$site:$PWD
     $py -m pip list --path "$site" --format=freeze >"$record/wheelhouse-installed.txt"
 fi
-stage imports
-$py ci/gpu_imports.py "${SITE:-/tmp/site}" ${FALLBACK_WHEELS:-} | tee "$record/imports.json" | tail -5
-[ "${PIPESTATUS[0]}" -eq 0 ] || exit 5
+[ -n "${WHEELHOUSE:-}" ] && export PYTHONPATH=${SITE:-/tmp/site}:$PWD
+if want imports; then
+    stage imports
+    $py ci/gpu_imports.py "${SITE:-/tmp/site}" ${FALLBACK_WHEELS:-} | tee "$record/imports.json" | tail -5
+    [ "${PIPESTATUS[0]}" -eq 0 ] || exit 5
+fi
 
+if want run; then
 stage assets
 [ -f results/assets/data/synthetic/train.parquet ] || $py -m engine assets --out results/assets || exit 3
 [ -f $model/config.json ] || $py -m engine bench-gpu make-model --out $model || exit 3
 
 stage run
 rm -rf $run
+mkdir -p $run
 nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader -lms 500 \
-    >"$record/nvidia-smi.csv" 2>/dev/null &
+    >$run/nvidia-smi.csv 2>/dev/null &
 smi=$!
 $py -m engine run smoke_qwen35_0p8b_h200 --device gpu --set actor.strategy=fsdp2 "$@" --out $run
 code=$?
 kill $smi 2>/dev/null
-cp $run/run.json $run/metrics.jsonl $run/overrides.txt "$record/" 2>/dev/null
+cp $run/run.json $run/metrics.jsonl $run/overrides.txt $run/nvidia-smi.csv "$record/" 2>/dev/null
 gzip -c $run/train.log >"$record/train.log.gz"
 [ $code -eq 0 ] || { echo "run failed ($code)"; exit $code; }
+fi
+want post || exit 0
 
 stage export
 $py -m engine export $run/checkpoints --out $run/export --verify-logits 2>&1 | tail -15
@@ -54,6 +63,6 @@ $py -m engine smoke-report $run --drift $model $run/export
 gates=$?
 cp $run/smoke_report.json "$record/"
 awk -F', ' '{gsub(/ MiB/,"",$2); if ($2+0 > m) m = $2+0} END {print "peak GPU memory (nvidia-smi): " m " MiB"}' \
-    "$record/nvidia-smi.csv"
+    $run/nvidia-smi.csv
 [ $code -eq 0 ] || exit $code
 exit $gates
