@@ -7,7 +7,6 @@ device meshes (`fully_shard` for the fsdp2/hsdp layouts; `DTensor.from_local` fo
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -20,7 +19,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from engine.errors import UserError
+from engine.errors import ArgumentParser, UserError
 from engine.merge import local_region
 
 # --- synthetic sharded checkpoints (tests and the export benchmark) -------------------------------
@@ -179,7 +178,7 @@ def bench_main(argv: list[str]) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    parser = argparse.ArgumentParser(prog="python -m engine export --bench")
+    parser = ArgumentParser(prog="python -m engine export --bench")
     parser.add_argument("--params", type=float, default=1.0e9, help="minimum parameter count")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--workdir", help="where the checkpoint and outputs go (default: a temp dir)")
