@@ -3,13 +3,12 @@
 Inputs come from two places only: the engine's dependencies (pyproject.toml, base + the extras named
 in the pins) and the stack's pinned packages; the overrides file holds the stack's recorded overrides.
 Both are written next to the locks so a reader sees exactly what was resolved. `--check` resolves again
-into a scratch directory and reports any difference (the drift test); `--no-metadata` skips the
-Requires-Dist snapshot that the offline conflict check reads.
+into a scratch directory and explains any difference (a maintainer's drift report, containers/drift.py);
+`--no-metadata` skips the Requires-Dist snapshot that the offline conflict check reads.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -262,17 +261,47 @@ def locks_for(
     return chosen
 
 
+def _hashed_blocks(text: str) -> dict[str, str]:
+    """Entries without their `# via` annotations: only versions and hashes count as drift."""
+    return {
+        name: "".join(line + "\n" for line in block.splitlines() if not line.lstrip().startswith("#"))
+        for name, block in lock_blocks(text).items()
+    }
+
+
+def report_drift(committed: Path, produced: Path, resolver: dict[str, Any]) -> int:
+    """Print each changed package with the index's reason; 1 when the lock drifted."""
+    from containers import drift
+
+    old_text = committed.read_text() if committed.exists() else ""
+    new_text = produced.read_text()
+    found = drift.changes(
+        parse_lock(old_text), parse_lock(new_text), _hashed_blocks(old_text), _hashed_blocks(new_text),
+        resolver["index_url"], resolver["exclude_newer"],
+    )  # fmt: skip
+    print(f"lock: {committed.name}: {'drift' if found else 'unchanged'}")
+    for change in found:
+        print(f"  {change.line()}")
+    return int(bool(found))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m containers.lock", description=__doc__.splitlines()[0])
     parser.add_argument("--stack", action="append", help="stack(s) to lock (default: every image stack)")
     parser.add_argument(
-        "--check", action="store_true", help="resolve into a scratch dir and diff, write nothing"
+        "--check",
+        action="store_true",
+        help="resolve again against the live index into a scratch dir and explain each difference "
+        "(a maintainer's drift report; exit 1 on drift), write nothing",
     )
+    parser.add_argument("--index-url", help="resolve against this index instead of the pinned one (a mirror)")
     parser.add_argument("--no-metadata", action="store_true", help="skip the Requires-Dist snapshot")
     parser.add_argument("--include-unresolved", action="store_true", help="also try locks marked unresolved")
     parser.add_argument("--extra-index-url", help="e.g. https://download.pytorch.org/whl/cpu (Ascend x86_64)")
     args = parser.parse_args(argv)
     pins = load_pins()
+    if args.index_url:
+        pins["resolver"] = {**pins["resolver"], "index_url": args.index_url}
     stacks = args.stack or [s for s, v in pins["stacks"].items() if v.get("kind") == "image"]
     for stack in args.stack or []:
         if not stack_pins(stack, pins).get("locks"):
@@ -298,15 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                 failed += 1
                 continue
             if args.check:
-                old = committed.read_text() if committed.exists() else ""
-                diff = list(
-                    difflib.unified_diff(
-                        old.splitlines(), produced.read_text().splitlines(), lineterm="", n=0
-                    )
-                )
-                print(f"lock: {committed.name}: {'drift' if diff else 'unchanged'}")
-                print("\n".join(diff[:60]))
-                failed += bool(diff)
+                failed += report_drift(committed, produced, pins["resolver"])
                 continue
         extra = write_derived(stack, lock, pins, produced)
         print(f"lock: wrote {lock['path']} ({len(parse_lock(produced.read_text()))} packages)", *extra)

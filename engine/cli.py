@@ -27,6 +27,7 @@ DELEGATED: dict[str, tuple[str, str]] = {
     "cluster": ("engine.cluster:cli_main", "bring up a multi-node Ray cluster in a Slurm job"),
     "wheelhouse": ("engine.wheelhouse:cli_main", "build or install an offline wheel bundle"),
     "bench-gpu": ("engine.gpu_bench:cli_main", "GPU training throughput and memory of the verl engine"),
+    "smoke-report": ("engine.smoke_report:cli_main", "gates and step-time split of an accelerator smoke run"),
 }
 
 

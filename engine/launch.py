@@ -282,6 +282,7 @@ def run_main(argv: list[str]) -> int:
         "device": r.cluster.device,
         "command": p.command,
         "command_line": shlex.join(p.command),
+        "sets": args.sets,  # recipe changes made at launch (e.g. fsdp2 in place of fsdp_turbo), visible
         "env": redact_env(dict(p.env) | {"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")}),
         "start": started,
         "end": _now(),

@@ -3,7 +3,9 @@
 `build` resolves nothing: it takes exact pins (a hashed lock, a requirements file or `NAME==VERSION`
 arguments), downloads one wheel per pin for the *target* interpreter and platform, builds a wheel from the
 sdist where a package publishes none (e.g. antlr4-python3-runtime), drops pins the target already has
-(`--skip`, `--skip-from` a `pip freeze` of it) and splits any file over `--max-part-mib` into byte-exact
+(`--skip`, or `--skip-from` a `pip freeze` of it: skipped only where the target has the same version),
+keeps only the names of `--only` files (what a run imports, with reasons), checks every downloaded wheel
+against the lock's `--hash=sha256:` lines, and splits any file over `--max-part-mib` into byte-exact
 parts, so a bundle fits size-limited transfers without leaving files out. `manifest.json` records each
 wheel's sha256 and its parts. `install` reassembles and verifies every wheel before pip sees any of them,
 then installs with `--no-index`: a missing or corrupted part stops the install before it starts.
@@ -43,6 +45,7 @@ DEFAULT_PLATFORMS = [
     "linux_x86_64",
 ]
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;\\]+)")
+HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 console = Console(stderr=True, highlight=False)
 
 
@@ -66,6 +69,33 @@ def parse_pins(text: str, source: str = "<pins>") -> dict[str, str]:
     return pins
 
 
+def lock_hashes(text: str) -> dict[str, set[str]]:
+    """name -> the sha256 values a hashed lock allows for its pinned files (one per wheel or sdist)."""
+    hashes: dict[str, set[str]] = {}
+    current = None
+    for raw in text.splitlines():
+        match = PIN.match(raw.strip()) if not raw[:1].isspace() else None
+        if match:
+            current = canonical(match.group(1))
+        elif not raw[:1].isspace():
+            current = None
+        if current:
+            hashes.setdefault(current, set()).update(HASH.findall(raw))
+    return {name: found for name, found in hashes.items() if found}
+
+
+def read_names(path: str) -> set[str]:
+    """Package names, one a line (`#` comments allowed): the `--only` selection."""
+    names = set()
+    for raw in fsutil.read_text(path, "--only", "list one package name a line").splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", line):
+                raise UserError(f"--only {path}: {line!r} is not a package name; one name a line")
+            names.add(canonical(line))
+    return names
+
+
 def split_file(path: Path, max_bytes: int) -> list[Path]:
     """Cut `path` into NAME.part000, NAME.part001, ... of at most max_bytes each; remove the original."""
     parts: list[Path] = []
@@ -82,8 +112,8 @@ def _pip(python: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([python, "-m", "pip", *args], capture_output=True, text=True)
 
 
-def _fetch_one(name: str, version: str, dest: Path, args: argparse.Namespace) -> Path:
-    """One wheel for the target; the sdist built into a wheel when the index has no matching wheel."""
+def _fetch_one(name: str, version: str, dest: Path, args: argparse.Namespace) -> tuple[Path, bool]:
+    """One wheel for the target (and whether it was built from the sdist, when the index has no wheel)."""
     before = set(dest.iterdir())
     target = ["--python-version", args.python_version, "--implementation", "cp", "--abi", args.abi]
     for platform in args.platform or DEFAULT_PLATFORMS:
@@ -92,7 +122,8 @@ def _fetch_one(name: str, version: str, dest: Path, args: argparse.Namespace) ->
     got = _pip(
         args.pip_python, "download", "-q", "--no-deps", "--only-binary=:all:", *target, "-d", str(dest), spec
     )
-    if got.returncode != 0:
+    built_here = got.returncode != 0
+    if built_here:
         with tempfile.TemporaryDirectory() as tmp:
             sdist = _pip(args.pip_python, "download", "-q", "--no-deps", "--no-binary=:all:", "-d", tmp, spec)
             built = sdist.returncode == 0 and _pip(
@@ -107,27 +138,61 @@ def _fetch_one(name: str, version: str, dest: Path, args: argparse.Namespace) ->
         raise UserError(f"{spec}: expected one wheel, got {[p.name for p in new]}")
     if not _pure(wheels[0].name) and "linux" not in wheels[0].name:
         raise UserError(f"{spec}: built {wheels[0].name}, which is not for Linux; build it on the target")
-    return wheels[0]
+    return wheels[0], built_here
 
 
 def _pure(filename: str) -> bool:
     return filename.endswith("-none-any.whl")
 
 
-def _skipped(args: argparse.Namespace) -> set[str]:
+def _public(version: str) -> str:
+    return version.split("+", 1)[0]
+
+
+def _skipped(args: argparse.Namespace, pins: dict[str, str]) -> tuple[set[str], dict[str, str]]:
+    """(names to leave out, name -> the other version the target has, carried anyway).
+
+    A `pip freeze` line skips a pin only at the same public version (torch 2.11.0+cu130 is 2.11.0):
+    the target's transformers 5.17.0 does not stand in for a pinned 5.9.0.
+    """
     names = {canonical(name) for name in args.skip}
+    differs: dict[str, str] = {}
     for path in args.skip_from:
-        names |= set(parse_pins(fsutil.read_text(path, "--skip-from", "pass a `pip freeze` file"), str(path)))
-    return names
+        for name, version in _freeze(Path(path)).items():
+            if name in pins and _public(version) == _public(pins[name]):
+                names.add(name)
+            elif name in pins:
+                differs[name] = version
+    return names, {n: v for n, v in differs.items() if n not in names}
+
+
+def _freeze(path: Path) -> dict[str, str]:
+    """`pip freeze` / `pip list --format=freeze` output; editable and URL lines are not versions."""
+    text = fsutil.read_text(path, "--skip-from", "save `pip freeze` of the target there")
+    found = {}
+    for raw in text.splitlines():
+        match = PIN.match(raw.strip())
+        if match:
+            found[canonical(match.group(1))] = match.group(3)
+    return found
 
 
 def build(args: argparse.Namespace) -> dict[str, Any]:
     """Download/build each pinned wheel into a fresh directory, split oversize ones, write the manifest."""
     pins: dict[str, str] = {}
+    hashes: dict[str, set[str]] = {}
     for path in args.requirements:
-        pins |= parse_pins(fsutil.read_text(path, "--requirements", "pass a lock or requirements file"), path)
+        text = fsutil.read_text(path, "--requirements", "pass a lock or requirements file")
+        pins |= parse_pins(text, str(path))
+        hashes |= lock_hashes(text)
     pins |= parse_pins("\n".join(args.pins), "argv")
-    skipped = _skipped(args)
+    if args.only:
+        only = set().union(*(read_names(path) for path in args.only))
+        unknown = sorted(only - set(pins))
+        if unknown:
+            raise UserError(f"--only names {', '.join(unknown)}, which the pins lack; pin them or drop them")
+        pins = {name: version for name, version in pins.items() if name in only}
+    skipped, differs = _skipped(args, pins)
     wanted = {name: version for name, version in sorted(pins.items()) if name not in skipped}
     if not wanted:
         raise UserError("nothing to put in the wheelhouse: give --requirements or NAME==VERSION pins")
@@ -146,7 +211,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
             task = progress.add_task("wheels", total=len(wanted))
             for name, version in wanted.items():
                 progress.update(task, description=f"{name}=={version}")
-                wheel = _fetch_one(name, version, work, args)
+                wheel, built_here = _fetch_one(name, version, work, args)
                 entry: dict[str, Any] = {
                     "name": name,
                     "version": version,
@@ -154,6 +219,12 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
                     "sha256": sha256_file(wheel),
                     "size": wheel.stat().st_size,
                 }
+                if built_here:
+                    entry["built_from_sdist"] = True
+                elif name in hashes and entry["sha256"] not in hashes[name]:
+                    raise UserError(f"{wheel.name}: sha256 {entry['sha256']} is not one the lock allows")
+                if name in differs:
+                    entry["target_has"] = differs[name]
                 if entry["size"] > max_bytes:
                     parts = split_file(wheel, max_bytes)
                     entry["parts"] = [{"file": p.name, "sha256": sha256_file(p)} for p in parts]
@@ -266,7 +337,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--abi", default=None, help="target ABI tag (default cpXY from --python-version)")
     b.add_argument("--platform", action="append", help="target platform tag (repeatable; default manylinux)")
     b.add_argument("--skip", action="append", default=[], help="package the target already has (repeatable)")
-    b.add_argument("--skip-from", action="append", default=[], help="`pip freeze` of the target: skip those")
+    b.add_argument(
+        "--skip-from", action="append", default=[], help="`pip freeze` of the target: skip same versions"
+    )
+    b.add_argument("--only", action="append", default=[], help="file of names (one a line) to take from pins")
     b.add_argument("--max-part-mib", type=float, default=60.0, help="split files larger than this")
     b.add_argument("--pip-python", default=sys.executable, help="interpreter whose pip downloads/builds")
     i = sub.add_parser("install", help="verify, reassemble and install a wheelhouse offline")

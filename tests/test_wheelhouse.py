@@ -87,3 +87,29 @@ def test_cli_refuses_bad_input(tmp_path: Path) -> None:
         wheelhouse.cli_main(["install", str(tmp_path / "absent")])
     with pytest.raises(UserError, match="exact NAME==VERSION"):
         wheelhouse.cli_main(["build", "--out", str(tmp_path / "w"), "foo>=1"])
+
+
+def test_lock_hashes_only_and_version_aware_skip(tmp_path: Path) -> None:
+    lock = tmp_path / "x.lock"
+    lock.write_text(
+        f"foo==1.0 \\\n    --hash=sha256:{'a' * 64} \\\n    --hash=sha256:{'b' * 64}\n    # via bar\n"
+        f"bar==2.0 \\\n    --hash=sha256:{'c' * 64}\nbaz==3.0\n"
+    )
+    assert wheelhouse.lock_hashes(lock.read_text()) == {"foo": {"a" * 64, "b" * 64}, "bar": {"c" * 64}}
+    only = tmp_path / "only.txt"
+    only.write_text("# what the run imports\nfoo  # reason\nBar\n")
+    assert wheelhouse.read_names(str(only)) == {"foo", "bar"}
+    freeze = tmp_path / "freeze.txt"
+    freeze.write_text("foo==1.0+cu130\nbar==2.5\n-e git+https://x/y#egg=z\n")
+    args = wheelhouse._parser().parse_args(["build", "--out", "o", "--skip-from", str(freeze)])
+    skipped, differs = wheelhouse._skipped(args, {"foo": "1.0", "bar": "2.0", "baz": "3.0"})
+    assert skipped == {"foo"} and differs == {"bar": "2.5"}  # another version is carried, not skipped
+    bad = tmp_path / "bad.txt"
+    bad.write_text("foo>=1\n")
+    with pytest.raises(UserError, match="not a package name"):
+        wheelhouse.read_names(str(bad))
+    (tmp_path / "o2").write_text("qux\n")
+    with pytest.raises(UserError, match="which the pins lack"):
+        wheelhouse.cli_main(
+            ["build", "--out", str(tmp_path / "w"), "-r", str(lock), "--only", str(bad.parent / "o2")]
+        )

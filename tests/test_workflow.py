@@ -20,8 +20,27 @@ FIVE = {"prepare_data", "smoke", "train", "export", "provenance"}
 TARGETS = ["run_qwen35_35b", "run_qwen35_27b", "smoke_cpu", "ci_smoke_gpu", "ci_smoke_npu"]
 
 
-def snakemake(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SNAKEMAKE), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+def _workdir(tmp_path: Path) -> Path:
+    """A copy of the workflow and recipes: Snakemake reads and writes results/ and .snakemake/ there,
+    never in the checkout, whatever a user left in it."""
+    work = tmp_path / "wf"
+    work.mkdir()
+    for name in ("Snakefile", "workflow", "recipes", "profiles"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name)
+    return work
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _workdir(tmp_path_factory.mktemp("workflow"))
+
+
+def snakemake(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [str(SNAKEMAKE), *args], cwd=work, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def job_counts(stdout: str) -> dict[str, int]:
@@ -32,10 +51,12 @@ def job_counts(stdout: str) -> dict[str, int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS)
-def test_dry_run_resolves_every_device_and_node_count(target: str) -> None:
+def test_dry_run_resolves_every_device_and_node_count(target: str, scratch: Path) -> None:
     for device in ("gpu", "npu"):
         for nodes in (1, 2):
-            proc = snakemake("-n", "-p", target, "--config", f"device={device}", f"nodes={nodes}", "hub=True")
+            proc = snakemake(
+                scratch, "-n", "-p", target, "--config", f"device={device}", f"nodes={nodes}", "hub=True"
+            )
             assert proc.returncode == 0, proc.stderr[-2000:]
             counts = job_counts(proc.stdout)
             assert set(counts) >= FIVE and counts["train"] == 1, counts
@@ -47,8 +68,8 @@ def test_dry_run_resolves_every_device_and_node_count(target: str) -> None:
                 assert "mpi=srun" in train and "nodes=2" in train and "tasks=2" in train
 
 
-def test_lint_and_snakefmt_are_clean() -> None:
-    lint = snakemake("--lint")
+def test_lint_and_snakefmt_are_clean(scratch: Path) -> None:
+    lint = snakemake(scratch, "--lint")
     assert lint.returncode == 0 and "Congratulations" in lint.stdout + lint.stderr, lint.stdout[-3000:]
     fmt = subprocess.run(
         [str(Path(sys.executable).parent / "snakefmt"), "--check", "Snakefile", "workflow"],
@@ -70,36 +91,27 @@ def test_lint_and_snakefmt_are_clean() -> None:
         (["hub=True", "sets=[parallel.nope=1]"], "error: recipe qwen35_35b:"),
     ],
 )
-def test_bad_config_stops_before_any_job_with_one_line(config: list[str], message: str) -> None:
-    before = set((ROOT / "results").glob("qwen35_35b*")) if (ROOT / "results").exists() else set()
+def test_bad_config_stops_before_any_job_with_one_line(
+    config: list[str], message: str, scratch: Path
+) -> None:
+    before = sorted((scratch / "results").rglob("*"))
     proc = (
-        snakemake("-n", "run_qwen35_35b", "--config", *config)
+        snakemake(scratch, "-n", "run_qwen35_35b", "--config", *config)
         if config
-        else snakemake("-n", "run_qwen35_35b")
+        else snakemake(scratch, "-n", "run_qwen35_35b")
     )
     assert proc.returncode != 0
     errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(message), proc.stderr[-1500:]
     assert "Traceback" not in proc.stderr and "rule train" not in proc.stdout
-    after = set((ROOT / "results").glob("qwen35_35b*")) if (ROOT / "results").exists() else set()
-    assert after == before
+    assert sorted((scratch / "results").rglob("*")) == before
 
 
-def test_run_target_needs_a_recipe() -> None:
-    proc = snakemake("-n", "run")
+def test_run_target_needs_a_recipe(scratch: Path) -> None:
+    proc = snakemake(scratch, "-n", "run")
     assert proc.returncode != 0 and "error: the run target needs --config recipe=NAME" in proc.stderr
-    ok = snakemake("-n", "run", "--config", "recipe=qwen35_27b", "device=npu", "hub=True")
+    ok = snakemake(scratch, "-n", "run", "--config", "recipe=qwen35_27b", "device=npu", "hub=True")
     assert ok.returncode == 0 and set(job_counts(ok.stdout)) >= FIVE
-
-
-def _workdir(tmp_path: Path) -> Path:
-    """A copy of the workflow and recipes, so the real run writes results/ under tmp_path."""
-    work = tmp_path / "wf"
-    work.mkdir()
-    for name in ("Snakefile", "workflow", "recipes", "profiles"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name)
-    return work
 
 
 def _engine_run_pid(parent: int, rundir: str) -> int | None:
