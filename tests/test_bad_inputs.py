@@ -334,6 +334,9 @@ RECORD_CASES = [
     Case("gb-out", ["bench-gpu", "run", "--model", f"{W}/model", "--out", FILE], 3, "bench-gpu rows"),
     Case("gb-make-out", ["bench-gpu", "make-model", "--out", FOREIGN], 3, "not empty"),
     Case("gb-action", ["bench-gpu"], 2, "required"),
+    Case("smoke-missing", ["smoke-report", f"{W}/nope"], 2, "no such run directory"),
+    Case("smoke-no-steps", ["smoke-report", FOREIGN], 2, "metrics.jsonl has no steps"),
+    Case("smoke-damaged", ["smoke-report", RUN, "--max-probs-diff", "low"], 2, "invalid float value"),
 ]
 CLUSTER_CASES = [
     Case("script-preflight", [*SCRIPT[:4], "--nodes", "3", *SCRIPT[6:]], 2, "not divisible"),
