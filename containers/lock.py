@@ -25,6 +25,7 @@ from packaging.utils import canonicalize_name
 
 from engine.errors import ArgumentParser, UserError, entry
 from engine.fsutil import atomic_write as _write
+from engine.fsutil import read_text
 from engine.pins import load_pins, stack_pins
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -314,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(
             f"no resolved lock for {', '.join(stacks)}; pass --include-unresolved to try the others"
         )
+    for _, lock in chosen if args.check else []:  # the drift report compares against these
+        if (ROOT / lock["path"]).exists():
+            read_text(ROOT / lock["path"], "lock", "regenerate it with `python -m containers.lock`")
     failed = 0
     for stack, lock in chosen:
         committed = ROOT / lock["path"]

@@ -19,6 +19,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from engine import fsutil
 from engine.errors import ArgumentParser, UserError
 from engine.merge import local_region
 
@@ -173,6 +174,11 @@ def _measure(cmd: list[str]) -> tuple[float, float, int]:
     return wall, usage.ru_maxrss / (1 << 20), proc.returncode
 
 
+def _foreign(directory: Path, own: tuple[str, ...]) -> str | None:
+    others = sorted(p.name for p in directory.iterdir() if p.name not in own)
+    return f"it holds {', '.join(others[:3])}, which the export bench did not write" if others else None
+
+
 def bench_main(argv: list[str]) -> int:
     """`python -m engine export --bench`: our export+verify vs `verl.model_merger merge` alone."""
     from rich.console import Console
@@ -186,6 +192,11 @@ def bench_main(argv: list[str]) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the workdir")
     args = parser.parse_args(argv)
     console = Console(stderr=True)
+    own = ("model", "ckpt", "merger", "export")  # it clears merger/ and export/ between runs
+    if args.workdir:
+        fsutil.check_out_dir(args.workdir, "--workdir", reuse=lambda d: _foreign(d, own))
+    if args.json:
+        fsutil.check_out_file(args.json, "--json", reuse=lambda _: None)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="export-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -276,7 +287,7 @@ def bench_main(argv: list[str]) -> int:
             "rss_ratio": round(ours[1] / merger[1], 3),
         }
         if args.json:
-            Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+            fsutil.atomic_write(args.json, json.dumps(figures, indent=2) + "\n")
         return 0 if figures["time_ratio"] <= 1.0 and figures["rss_ratio"] <= 0.6 else 1
     finally:
         if not args.keep and not args.workdir:

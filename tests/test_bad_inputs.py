@@ -10,12 +10,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from bad_input_world import Case, build, check, read_only_dir
 
 from containers import build as image_build
 from containers import localtest, lock, resolve
 from engine import cli, cluster
 
+ROOT = Path(__file__).resolve().parents[1]
 W = "{W}"
 FILE, FOREIGN, RUN, RO = f"{W}/a_file", f"{W}/foreign", f"{W}/run", "{RO}"
 GPU = ["--device", "gpu"]
@@ -78,6 +80,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     locks = root / "locks"
     locks.mkdir()
     (locks / "latin1.lock").write_bytes(b"requests==2.0 \xff\n")
+    real = yaml.safe_load((ROOT / "containers" / "pins.yaml").read_text())
+    for stack in real["stacks"].values():
+        for entry in stack.get("locks", []):
+            entry["path"] = str(locks / "latin1.lock")  # the drift report would read this one
+    (pins / "latin1_lock.yaml").write_text(yaml.safe_dump(real))
     (locks / "range.lock").write_text("requests>=2\n")
     (locks / "twice.lock").write_text("requests==2.0\nrequests==2.1\n")
     wh = root / "wheelhouse"
@@ -334,6 +341,8 @@ RECORD_CASES = [
     Case("gb-out", ["bench-gpu", "run", "--model", f"{W}/model", "--out", FILE], 3, "bench-gpu rows"),
     Case("gb-make-out", ["bench-gpu", "make-model", "--out", FOREIGN], 3, "not empty"),
     Case("gb-action", ["bench-gpu"], 2, "required"),
+    Case("xb-workdir", ["export", "--bench", "--workdir", FOREIGN], 3, "export bench did not write"),
+    Case("xb-json", ["export", "--bench", "--json", FOREIGN], 3, "is a directory"),
     Case("smoke-missing", ["smoke-report", f"{W}/nope"], 2, "no such run directory"),
     Case("smoke-no-steps", ["smoke-report", FOREIGN], 2, "metrics.jsonl has no steps"),
     Case("smoke-damaged", ["smoke-report", RUN, "--max-probs-diff", "low"], 2, "invalid float value"),
@@ -363,6 +372,16 @@ CONTAINER_CASES = [
     (lock.main, Case("lock-cpu", ["--stack", "cpu"], 2, "--stack cpu has no locks")),
     (lock.main, Case("lock-unknown", ["--stack", "tpu"], 2, "unknown stack 'tpu'")),
     (lock.main, Case("lock-flag", ["--bogus"], 2, "unrecognized arguments")),
+    (
+        lock.main,
+        Case(
+            "lock-latin1",
+            ["--check", "--stack", "gpu"],
+            2,
+            "not UTF-8",
+            env={"ENGINE_PINS": f"{W}/pins/latin1_lock.yaml"},
+        ),
+    ),
     (
         lock.main,
         Case("lock-pins", ["--check"], 2, "not valid YAML", env={"ENGINE_PINS": f"{W}/pins/broken.yaml"}),
