@@ -230,10 +230,17 @@ def _now() -> str:
 
 def _publish_attempt(stage: Path, out: Path, logged_steps: bool) -> Path:
     """Where this attempt's files go: over the run's files once it trained a step (the checkpoints moved
-    on, so the earlier record describes nothing any more), or when there is no earlier run; otherwise
-    into LAST_ATTEMPT, so an attempt that failed before training leaves the earlier run's record intact."""
-    if logged_steps or not any((out / name).exists() for name in RUN_FILES):
+    on, so the earlier record describes nothing any more). An attempt that trained nothing replaces
+    nothing: its files fill only the names the run lacks (run.json after Snakemake removed it) and the
+    rest go to LAST_ATTEMPT, so the earlier run's files and the record over them stay intact."""
+    if logged_steps:
         fsutil.move_into(stage, out, last=("run.json",))
+        return out
+    for name in sorted((p.name for p in stage.iterdir()), key=lambda n: (n == "run.json", n)):
+        if not (out / name).exists():
+            os.replace(stage / name, out / name)
+    if not any(stage.iterdir()):
+        stage.rmdir()
         return out
     with fsutil.publish_dir(out / LAST_ATTEMPT, replace=True) as target:
         fsutil.move_into(stage, target)

@@ -224,27 +224,32 @@ def _run_dir(root: Path) -> Path:
     return root
 
 
-def _stage(out: Path) -> Path:
-    stage = out / ".attempt.x.partial"
+def _stage(out: Path, tag: str) -> Path:
+    stage = out / f".attempt.{tag}.partial"
     stage.mkdir()
     for name in launch.RUN_FILES:
-        (stage / name).write_text(f"new {name}\n")
+        (stage / name).write_text(f"{tag} {name}\n")
     return stage
 
 
 def test_an_attempt_that_trained_nothing_keeps_the_earlier_run(tmp_path: Path) -> None:
     out = _run_dir(tmp_path / "run")
     before = snapshot(out)
-    where = launch._publish_attempt(_stage(out), out, logged_steps=False)
+    where = launch._publish_attempt(_stage(out, "idle"), out, logged_steps=False)
     assert where == out / launch.LAST_ATTEMPT
     assert {k: v for k, v in snapshot(out).items() if not k.startswith(launch.LAST_ATTEMPT)} == before
-    assert (where / "train.log").read_text() == "new train.log\n"
-    assert launch._publish_attempt(_stage(out), out, logged_steps=True) == out  # trained: replaces
-    assert (out / "metrics.jsonl").read_text() == "new metrics.jsonl\n"
+    assert (where / "train.log").read_text() == "idle train.log\n"
+    assert launch._publish_attempt(_stage(out, "trained"), out, logged_steps=True) == out  # replaces
+    assert (out / "metrics.jsonl").read_text() == "trained metrics.jsonl\n"
     assert not list(out.glob(".attempt*"))
+    (out / "run.json").unlink()  # Snakemake removes a job's output before it runs the job again
+    assert launch._publish_attempt(_stage(out, "resumed"), out, logged_steps=False) == out / "last-attempt"
+    assert (out / "run.json").read_text() == "resumed run.json\n"  # fills the gap, replaces nothing
+    assert (out / "metrics.jsonl").read_text() == "trained metrics.jsonl\n"
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    assert launch._publish_attempt(_stage(fresh), fresh, logged_steps=False) == fresh  # nothing to keep
+    assert launch._publish_attempt(_stage(fresh, "first"), fresh, logged_steps=False) == fresh
+    assert sorted(p.name for p in fresh.iterdir()) == sorted(launch.RUN_FILES)
 
 
 def test_failed_writes_leave_the_old_artefact_and_no_temp(tmp_path: Path) -> None:
