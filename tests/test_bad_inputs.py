@@ -5,19 +5,15 @@ subprocess per case. Checkpoint corruption and the entry-point wiring live in te
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
-import yaml
-from bad_input_world import Case, build, check, read_only_dir
+from bad_input_world import Case, build, build_inputs, check, read_only_dir
 
 from containers import build as image_build
 from containers import localtest, lock, resolve
 from engine import cli, cluster
 
-ROOT = Path(__file__).resolve().parents[1]
 W = "{W}"
 FILE, FOREIGN, RUN, RO = f"{W}/a_file", f"{W}/foreign", f"{W}/run", "{RO}"
 GPU = ["--device", "gpu"]
@@ -28,83 +24,7 @@ LAUNCH = ["launch", "qwen35_35b", "--device", "gpu", "--nodes", "2", "--cpus-per
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = build(tmp_path_factory.mktemp("world") / "w")
-    recipes = root / "recipes"
-    recipes.mkdir()
-    (recipes / "dup.yaml").write_text("extends: qwen35_27b\nparallel: {fsdp: 8}\nparallel: {fsdp: 4}\n")
-    (recipes / "latin1.yaml").write_bytes(b"description: caf\xe9\n")
-    (recipes / "list.yaml").write_text("- a\n- b\n")
-    (recipes / "broken.yaml").write_text("parallel: {fsdp: 8\n")
-    (recipes / "cycle.yaml").write_text("extends: cycle.yaml\n")
-    (recipes / "intkey.yaml").write_text("extends: qwen35_27b\n1: x\n")
-    (recipes / "dir.yaml").mkdir()
-    (root / "empty_recipes").mkdir()
-    (root / "foreign_assets" / "tiny-qwen35").mkdir(parents=True)
-    raw = root / "raw"
-    for name, content in {
-        "jsonl_as_parquet/train.parquet": b'{"question": "q"}\n',
-        "jsonl_as_parquet/test.parquet": b'{"question": "q"}\n',
-        "parquet_as_jsonl/train.jsonl": (root / "data" / "train.parquet").read_bytes(),
-        "parquet_as_jsonl/test.jsonl": b"{}\n",
-        "lists/train.jsonl": b"[1, 2]\n",
-        "lists/test.jsonl": b"[1, 2]\n",
-        "columns/train.jsonl": b'{"q": 1}\n',
-        "columns/test.jsonl": b'{"q": 1}\n',
-        "only_train/train.jsonl": b'{"question": "q", "answer": "#### 1"}\n',
-    }.items():
-        (raw / name).parent.mkdir(parents=True, exist_ok=True)
-        (raw / name).write_bytes(content)
-    records = root / "records"
-    records.mkdir()
-    record = json.loads((root / "run" / "provenance.json").read_text())
-    for name, text in {
-        "list.json": "[]",
-        "empty.json": "{}",
-        "broken.json": '{"schema": ',
-        "inputs.json": json.dumps(record | {"inputs": {"a": 1}}),
-        "entries.json": json.dumps(record | {"outputs": [{"path": "x", "role": "export"}]}),
-        "norecipe.json": json.dumps({k: v for k, v in record.items() if k != "recipe"}),
-        "provenance.json": json.dumps(record),  # valid, but no recipe.yaml beside it
-    }.items():
-        (records / name).write_text(text)
-    (records / "latin1.json").write_bytes(b'{"schema": "caf\xe9"}')
-    pdir = root / "pdir_run"
-    shutil.copytree(root / "run", pdir, ignore=shutil.ignore_patterns("provenance.json"))
-    (pdir / "provenance.json").mkdir()
-    pins = root / "pins"
-    pins.mkdir()
-    (pins / "broken.yaml").write_text("engine: [unclosed\n")
-    (pins / "dup.yaml").write_text("engine: {version: 1}\nstacks: {}\nengine: {version: 2}\n")
-    (pins / "list.yaml").write_text("- 1\n")
-    (pins / "latin1.yaml").write_bytes(b"engine: caf\xe9\n")
-    locks = root / "locks"
-    locks.mkdir()
-    (locks / "latin1.lock").write_bytes(b"requests==2.0 \xff\n")
-    real = yaml.safe_load((ROOT / "containers" / "pins.yaml").read_text())
-    for stack in real["stacks"].values():
-        for entry in stack.get("locks", []):
-            entry["path"] = str(locks / "latin1.lock")  # the drift report would read this one
-    (pins / "latin1_lock.yaml").write_text(yaml.safe_dump(real))
-    (locks / "range.lock").write_text("requests>=2\n")
-    (locks / "twice.lock").write_text("requests==2.0\nrequests==2.1\n")
-    wh = root / "wheelhouse"
-    for name, manifest in {
-        "missing_file": {"wheels": [{"name": "a", "file": "a-1-py3-none-any.whl", "sha256": "0" * 64}]},
-        "keyless": {},
-        "bad_parts": {"wheels": [{"name": "a", "file": "a.whl", "sha256": "0", "parts": [{"x": 1}]}]},
-    }.items():
-        (wh / name).mkdir(parents=True)
-        (wh / name / "manifest.json").write_text(json.dumps(manifest))
-    (wh / "not_json").mkdir()
-    (wh / "not_json" / "manifest.json").write_text("{")
-    (wh / "mismatch").mkdir()
-    (wh / "mismatch" / "a.whl").write_bytes(b"wheel")
-    entry = {"name": "a", "file": "a.whl", "sha256": "0" * 64}
-    (wh / "mismatch" / "manifest.json").write_text(json.dumps({"wheels": [entry]}))
-    (wh / "broken.tar").write_bytes(b"not a tar at all")
-    (wh / "out.tar").write_bytes(b"earlier bundle")
-    (root / "rows.jsonl").write_text('{"mode": "eager"}\n')
-    return root
+    return build_inputs(build(tmp_path_factory.mktemp("world") / "w"))
 
 
 RECIPE_CASES = [
