@@ -192,6 +192,10 @@ def plan_bring_up(args: argparse.Namespace) -> BringUp:
 
     if args.port is not None and not 0 < args.port < 65536:
         raise UserError(f"--port {args.port}: give a TCP port (1-65535), or leave it out")
+    for item in args.sets:
+        key, _, value = item.partition("=")
+        if key.strip() == "cluster.nodes" and value.strip() != str(args.nodes):
+            raise UserError(f"--set {item} contradicts --nodes {args.nodes}: give the node count once")
     sets = [*args.sets, f"cluster.nodes={args.nodes}"]
     compiled = plan.compile_recipe(recipe.load(args.recipe, device=args.device, sets=sets))
     preflight.require_ok(compiled)  # the job would otherwise fail on the cluster, its reason in a log

@@ -344,9 +344,12 @@ def _size(text: str) -> int:
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     text = text.strip().lower().removesuffix("ib").removesuffix("b")
     try:
-        return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
-    except (ValueError, IndexError):
-        raise UserError(f"--shard-size {text!r}: give bytes or a size like 2GiB") from None
+        size = int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+    except (ValueError, IndexError, OverflowError):
+        size = 0
+    if size < 1:
+        raise UserError(f"--shard-size {text!r}: give a positive number of bytes or a size like 2GiB")
+    return size
 
 
 def cli_main(argv: list[str]) -> int:

@@ -79,6 +79,9 @@ def build_plan(ref: str, device: str | None, sets: list[str], out: Path) -> Any:
     """Load the recipe with the run directory applied through the ordinary `--set` paths, then compile."""
     from engine import plan, recipe
 
+    for item in sets:
+        if item.partition("=")[0].strip() == "trainer.checkpoint_dir":
+            raise UserError(f"--set {item}: a run keeps its checkpoints in --out/checkpoints; pass --out")
     first = recipe.load(ref, device=device, sets=sets)
     loggers = list(first.trainer.logger)
     if "file" not in loggers:

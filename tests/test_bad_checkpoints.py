@@ -98,6 +98,7 @@ EXPORT_CASES = [
     Case("exp-dtype-auto", _export("ckpt", "--dtype", "fp32"), 2, "writes bf16 only"),
     Case("exp-dtype-verl", _export("ckpt", "--method", "verl", "--dtype", "fp16"), 2, "writes bf16 only"),
     Case("exp-shard", _export("ckpt", "--shard-size", "2XB"), 2, "--shard-size"),
+    Case("exp-shard-zero", _export("ckpt", "--shard-size", "0"), 2, "positive"),
     Case("exp-method", _export("ckpt", "--method", "magic"), 2, "invalid choice"),
 ]
 
