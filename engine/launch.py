@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -250,6 +250,23 @@ def _publish_attempt(stage: Path, out: Path, logged_steps: bool) -> Path:
     return out / LAST_ATTEMPT
 
 
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (Slurm's time limit, scancel) stops verl's tree and publishes the attempt like Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_main(argv: list[str]) -> int:
     args = _parser("python -m engine run").parse_args(argv)
     from engine import plan as plan_mod
@@ -269,16 +286,17 @@ def run_main(argv: list[str]) -> int:
     _write_scrubbed(stage / "launch.sh", plan_mod.render(p, "script"))
     _write_scrubbed(stage / "overrides.txt", plan_mod.render(p, "overrides"))
     _write_scrubbed(stage / "recipe.yaml", recipe.to_yaml(p.recipe))
-    console.print(f"[bold]{r.name}[/bold] on {r.cluster.device} x{p.world_size}: log {out / 'train.log'}")
+    console.print(f"[bold]{r.name}[/bold] on {r.cluster.device} x{p.world_size}: log {log} (live)")
     started, t0 = _now(), time.monotonic()
     try:
-        for attempt in (1, 2):
-            code = execute(p.command, launch_env(p, out, metrics), log, metrics, total)
-            if attempt == 2 or code == 0 or not _ray_start_timed_out(log):
-                break
-            console.print(
-                "Ray's node did not come up within its fixed 30 s (machine overloaded?); retrying once"
-            )
+        with _terminate_as_interrupt():
+            for attempt in (1, 2):
+                code = execute(p.command, launch_env(p, out, metrics), log, metrics, total)
+                if attempt == 2 or code == 0 or not _ray_start_timed_out(log):
+                    break
+                console.print(
+                    "Ray's node did not come up within its fixed 30 s (machine overloaded?); retrying once"
+                )
     except BaseException:  # interrupted: keep what the attempt logged, by the same rule
         _publish_attempt(stage, out, bool(read_metrics(metrics)))
         raise

@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -273,3 +274,25 @@ def test_provenance_force_replaces_a_poorer_record(world: Path, tmp_path: Path) 
     assert cli.main(["provenance", "write", str(run)]) == 3
     assert cli.main(["provenance", "write", str(run), "--force"]) == 0
     assert cli.main(["provenance", "verify", str(run)]) == 0
+
+
+def test_sigterm_stops_the_tree_like_ctrl_c(tmp_path: Path) -> None:
+    """Slurm's time limit sends SIGTERM: the attempt must end through the same path as Ctrl-C."""
+    code = (
+        "import os, sys; from pathlib import Path; from engine import launch\n"
+        "p = Path(sys.argv[1])\n"
+        "try:\n"
+        "    with launch._terminate_as_interrupt():\n"
+        "        child = [sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(60)']\n"
+        "        launch.execute(child, dict(os.environ), p / 'train.log', p / 'm.jsonl', 1)\n"
+        "except KeyboardInterrupt:\n"
+        "    sys.exit(130)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT)
+    log = tmp_path / "train.log"
+    deadline = time.monotonic() + 60
+    while not (log.exists() and log.read_text().strip()):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    proc.terminate()
+    assert proc.wait(timeout=40) == 130
