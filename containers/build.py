@@ -8,9 +8,10 @@ for the local structure test, which also swaps in a local base image.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
+import difflib
 import hashlib
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from containers.lock import ROOT, build_lock_path, sources_lock_path
+from engine.errors import ArgumentParser, UserError, entry
 from engine.pins import is_unresolved, load_pins, stack_pins
 
 OUT_DIR = ROOT / "results" / "containers"
@@ -37,7 +39,9 @@ def image_lock(section: dict[str, Any]) -> dict[str, Any]:
     for lock in section.get("locks", []):
         if lock["status"] == "resolved":
             return lock
-    raise SystemExit("build: no resolved lock for this stack in containers/pins.yaml")
+    raise UserError(
+        "no resolved lock for this stack in containers/pins.yaml; run `python -m containers.lock`"
+    )
 
 
 def _walk(value: Any, path: str) -> list[str]:
@@ -131,7 +135,7 @@ def builder() -> str:
     for tool in ("buildah", "podman"):
         if shutil.which(tool):
             return tool
-    raise SystemExit("build: none of docker (with a daemon), buildah or podman is available")
+    raise UserError("none of docker (with a daemon), buildah or podman is available; install one")
 
 
 def build_command(
@@ -176,7 +180,7 @@ def write_sbom(stack: str, lock_file: str, out_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m containers.build", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m containers.build", description=__doc__.splitlines()[0])
     parser.add_argument("stack", help="gpu, ascend-a2 or ascend-a3")
     parser.add_argument("--push", action="store_true", help="push (docker buildx) / push the tags afterwards")
     parser.add_argument("--platform", help="e.g. linux/arm64 for the aarch64 Ascend image")
@@ -189,21 +193,29 @@ def main(argv: list[str] | None = None) -> int:
     pins = load_pins()
     section = stack_pins(args.stack, pins)
     if section.get("kind") != "image":
-        raise SystemExit(f"build: stack {args.stack} is not an image")
+        images = sorted(name for name, v in pins["stacks"].items() if v.get("kind") == "image")
+        raise UserError(f"stack {args.stack} is not an image; build one of {', '.join(images)}")
+    declared = set(re.findall(r"^\s*ARG\s+(\w+)", (ROOT / section["dockerfile"]).read_text(), re.M))
+    overrides = {}
+    for item in args.build_arg:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--build-arg {item!r}: expected KEY=VALUE, e.g. --build-arg PIP_CERT=/ca.crt")
+        if key not in declared:
+            close = difflib.get_close_matches(key, sorted(declared), n=1)
+            hint = f"did you mean {close[0]}?" if close else f"{section['dockerfile']} declares no such ARG"
+            raise UserError(f"--build-arg {key}: unknown build argument; {hint}")
+        overrides[key] = value
     missing = unresolved(args.stack, pins)
     if missing and not args.allow_unresolved:
-        print(
-            "build: refusing to build with unresolved pins (run `python -m containers.resolve`):",
-            file=sys.stderr,
+        more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise UserError(
+            f"unresolved pins {', '.join(missing[:3])}{more}: run `python -m containers.resolve` first"
         )
-        print("\n".join(f"  {m}" for m in missing), file=sys.stderr)
-        return 2
     revision = git_revision()
     arch = "aarch64" if args.platform and "arm64" in args.platform else "x86_64"
     bargs = build_args(args.stack, pins, revision, arch)
-    for item in args.build_arg:
-        key, _, value = item.partition("=")
-        bargs[key] = value
+    bargs.update(overrides)
     tool = "docker" if args.dry_run else builder()
     image_tags = tags(args.stack, pins, revision)
     cmd = build_command(tool, section["dockerfile"], bargs, image_tags, args.push, args.platform)
@@ -219,4 +231,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry(main)

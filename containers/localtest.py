@@ -24,6 +24,7 @@ from typing import Any
 
 from containers.build import build_args, build_command
 from containers.lock import ROOT, _env
+from engine.errors import ArgumentParser, entry
 from engine.pins import load_pins
 
 CACHE = ROOT / "results" / "containers"
@@ -166,7 +167,10 @@ def build_and_check() -> dict[str, Any]:
     return result
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ArgumentParser(prog="python -m containers.localtest", description=__doc__.splitlines()[0]).parse_args(
+        argv
+    )
     result = build_and_check()
     for key, value in result.items():
         if isinstance(value, subprocess.CompletedProcess):
@@ -177,4 +181,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry(main)

@@ -9,7 +9,6 @@ into a scratch directory and explains any difference (a maintainer's drift repor
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -24,7 +23,10 @@ from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from engine.pins import load_pins
+from engine.errors import ArgumentParser, UserError, entry
+from engine.fsutil import atomic_write as _write
+from engine.fsutil import read_text
+from engine.pins import load_pins, stack_pins
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK_DIR = ROOT / "containers" / "locks"
@@ -67,12 +69,6 @@ def parse_lock(text: str) -> dict[str, str]:
         if match:
             found[str(canonicalize_name(match.group(1)))] = match.group(2)
     return found
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def uv_command(
@@ -291,7 +287,7 @@ def report_drift(committed: Path, produced: Path, resolver: dict[str, Any]) -> i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m containers.lock", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m containers.lock", description=__doc__.splitlines()[0])
     parser.add_argument("--stack", action="append", help="stack(s) to lock (default: every image stack)")
     parser.add_argument(
         "--check",
@@ -308,8 +304,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.index_url:
         pins["resolver"] = {**pins["resolver"], "index_url": args.index_url}
     stacks = args.stack or [s for s, v in pins["stacks"].items() if v.get("kind") == "image"]
+    for stack in args.stack or []:
+        if not stack_pins(stack, pins).get("locks"):
+            with_locks = sorted(s for s, v in pins["stacks"].items() if v.get("locks"))
+            raise UserError(
+                f"--stack {stack} has no locks in the pins file; lock one of {', '.join(with_locks)}"
+            )
+    chosen = locks_for(stacks, pins, args.include_unresolved)
+    if not chosen:
+        raise UserError(
+            f"no resolved lock for {', '.join(stacks)}; pass --include-unresolved to try the others"
+        )
+    for _, lock in chosen if args.check else []:  # the drift report compares against these
+        if (ROOT / lock["path"]).exists():
+            read_text(ROOT / lock["path"], "lock", "regenerate it with `python -m containers.lock`")
     failed = 0
-    for stack, lock in locks_for(stacks, pins, args.include_unresolved):
+    for stack, lock in chosen:
         committed = ROOT / lock["path"]
         with tempfile.TemporaryDirectory() as scratch:
             out_dir = Path(scratch) if args.check else committed.parent
@@ -338,4 +348,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry(main)

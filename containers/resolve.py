@@ -8,17 +8,16 @@ the file keeps its comments. Nothing is written unless every lookup that was ask
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 
 import yaml
 
 from containers.lock import ROOT
+from engine.errors import ArgumentParser, UserError, entry
+from engine.fsutil import atomic_write
 from engine.pins import is_unresolved, load_pins
 
 PINS_FILE = ROOT / "containers" / "pins.yaml"
@@ -70,10 +69,10 @@ def plan() -> list[tuple[str, Callable[[], str]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m containers.resolve", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m containers.resolve", description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="rewrite containers/pins.yaml (default: print)")
     args = parser.parse_args(argv)
-    text = PINS_FILE.read_text()
+    text = PINS_FILE.read_text(encoding="utf-8")
     seen: set[str] = set()
     for placeholder, lookup in plan():
         if placeholder in seen:
@@ -82,23 +81,27 @@ def main(argv: list[str] | None = None) -> int:
         try:
             value = lookup()
         except (OSError, subprocess.CalledProcessError) as err:
-            print(f"resolve: {placeholder}: {err}", file=sys.stderr)
-            return 1
+            detail = getattr(err, "stderr", None) or err
+            raise UserError(
+                f"{placeholder}: lookup failed ({str(detail).strip()[:200]}); nothing written"
+            ) from None
         print(f"{placeholder} -> {value}")
         text = text.replace(placeholder, value)
     # the FSDPTurbo archive checksum depends on the commit just resolved
     pins_now = yaml.safe_load(text)
     turbo = pins_now["fsdp_turbo"]
     if is_unresolved(turbo["sha256"]) and not is_unresolved(turbo["commit"]):
-        value = url_sha256(turbo["archive_url"].replace("{commit}", turbo["commit"]))
+        url = turbo["archive_url"].replace("{commit}", turbo["commit"])
+        try:
+            value = url_sha256(url)
+        except OSError as err:
+            raise UserError(f"cannot download {url} ({err}); resolve needs the network") from None
         print(f"{turbo['sha256']} -> {value}")
         text = text.replace(turbo["sha256"], value)
     if args.write:
-        tmp = Path(str(PINS_FILE) + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(PINS_FILE)
+        atomic_write(PINS_FILE, text)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry(main)

@@ -8,18 +8,16 @@ equal pair counts is not specified.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
 import random
-import shutil
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from engine.errors import UserError
+from engine import fsutil
+from engine.errors import ArgumentParser, UserError
 from engine.models import TINY, TINY_MOE
 
 VOCAB_SIZE = 512
@@ -75,9 +73,8 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pylist(rows)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, path)
+    with fsutil.atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
 
 
 # ------------------------------------------------------------------------------------------ tokenizer
@@ -254,17 +251,12 @@ def build_model(tokenizer: Any, seed: int, moe: bool) -> Any:
 
 def save_model(model: Any, tokenizer: Any, target: Path) -> None:
     """Model + tokenizer into a temp directory beside `target`, renamed over it only when complete."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    with fsutil.publish_dir(target, replace=True) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        tmp.chmod(0o755)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+
+OUT_NAMES = ("tiny-qwen35", "tiny-qwen35-moe", "data", "assets.json")
 
 
 def build_all(out: Path, seed: int = 0, train_size: int = 256, test_size: int = 32) -> dict[str, str]:
@@ -281,8 +273,9 @@ def build_all(out: Path, seed: int = 0, train_size: int = 256, test_size: int = 
     written = {key: str(path) for key, path in paths.items()}
     written |= {"train": str(data / "train.parquet"), "test": str(data / "test.parquet")}
     relative = {key: os.path.relpath(path, out) for key, path in written.items()}
-    manifest = out / "assets.json"
-    manifest.write_text(json.dumps({"seed": seed, "paths": relative}, indent=2, sort_keys=True) + "\n")
+    fsutil.atomic_write(
+        out / "assets.json", json.dumps({"seed": seed, "paths": relative}, indent=2, sort_keys=True) + "\n"
+    )
     return written
 
 
@@ -290,7 +283,7 @@ def ensure(out: Path, seed: int = 0) -> dict[str, str]:
     """Build the assets unless a manifest with the same seed is already there (used by `run`)."""
     manifest = out / "assets.json"
     if manifest.exists():
-        recorded = json.loads(manifest.read_text())
+        recorded = fsutil.read_json(manifest, "assets manifest", "remove it to rebuild the assets")
         paths = {key: str(out / rel) for key, rel in recorded.get("paths", {}).items()}
         if recorded.get("seed") == seed and paths and all(Path(p).exists() for p in paths.values()):
             return paths
@@ -298,7 +291,7 @@ def ensure(out: Path, seed: int = 0) -> dict[str, str]:
 
 
 def cli_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine assets", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m engine assets", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path, help="directory to write the assets into")
     parser.add_argument("--seed", type=int, default=0, help="seed for weights, tokenizer and data")
     parser.add_argument("--train-size", type=int, default=256)
@@ -306,9 +299,8 @@ def cli_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.train_size < 1 or args.test_size < 1:
         raise UserError("--train-size and --test-size must be positive integers")
-    if args.out.exists() and not args.out.is_dir():
-        raise UserError(f"--out {args.out} exists and is not a directory; pass a directory path")
-    written = build_all(args.out.resolve(), args.seed, args.train_size, args.test_size)
+    out = fsutil.check_out_dir(args.out, reuse=lambda d: fsutil.foreign_files(d, OUT_NAMES, "assets.json"))
+    written = build_all(out.resolve(), args.seed, args.train_size, args.test_size)
     for key, path in written.items():
         print(f"{key:<6} {path}")
     return 0

@@ -12,17 +12,17 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-from engine.errors import UserError
+from engine.errors import ArgumentParser, boundary
 
 # command -> (module:function taking argv and returning an exit code, one-line help)
 DELEGATED: dict[str, tuple[str, str]] = {
     "run": ("engine.launch:run_main", "launch a recipe through verl's main_ppo (progress, log, metrics)"),
-    "bench": ("engine.launch:bench_main", "time a run against the bare verl command (wall, peak RSS)"),
+    "bench": ("engine.overhead:bench_main", "time a run against the bare verl command (wall, peak RSS)"),
     "assets": ("engine.assets:cli_main", "build the tiny offline model, tokenizer and data"),
     "prepare-data": ("engine.data:cli_main", "write verl RL parquet (geo3k, gsm8k, synthetic) + manifest"),
     "export": ("engine.export:cli_main", "export a checkpoint to verified Hugging Face safetensors"),
     "provenance": ("engine.provenance:cli_main", "write or verify a run record"),
-    "rerun": ("engine.provenance:rerun_main", "re-launch a run from its provenance record"),
+    "rerun": ("engine.rerun:rerun_main", "re-launch a run from its provenance record"),
     "verify-env": ("engine.pins:cli_main", "compare installed versions with the container pins"),
     "cluster": ("engine.cluster:cli_main", "bring up a multi-node Ray cluster in a Slurm job"),
     "wheelhouse": ("engine.wheelhouse:cli_main", "build or install an offline wheel bundle"),
@@ -45,7 +45,7 @@ def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("list", help="recipes with one-line descriptions")
     show = sub.add_parser("show", help="print the fully resolved recipe")
@@ -97,16 +97,12 @@ def _recipe_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dispatch(argv: list[str]) -> int:
+    if argv and argv[0] in DELEGATED:
+        return _delegate(DELEGATED[argv[0]][0])(argv[1:])
+    return _recipe_command(_parser().parse_args(argv))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        if argv and argv[0] in DELEGATED:
-            return _delegate(DELEGATED[argv[0]][0])(argv[1:])
-        return _recipe_command(_parser().parse_args(argv))
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:  # `... | head`
-        return 0
+    """Every `python -m engine` command, behind the one error boundary (docs/errors.md)."""
+    return boundary(_dispatch, sys.argv[1:] if argv is None else argv)

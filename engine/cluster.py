@@ -15,11 +15,15 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import socket
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.errors import UserError
+from engine import fsutil
+from engine.errors import TIMED_OUT, ArgumentParser, UserError, WaitTimeout, entry
 
 BASE_PORT = 6379
 # Environment every Ray process needs besides the plan's own: how Python finds the engine, where the
@@ -120,28 +124,81 @@ def render(b: BringUp) -> str:
     return "\n".join(lines) + "\n"
 
 
-def alive_nodes() -> int:
-    """Nodes alive in the cluster at RAY_ADDRESS (used by the generated script's join loop)."""
-    import logging
-
-    import ray
-
+def _reachable(address: str, timeout: float) -> bool:
+    """A TCP connect to the head's GCS port: an unreachable address must fail fast, not inside ray.init."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return True  # `auto` and other forms Ray resolves itself
     try:
-        ray.init(address=os.environ["RAY_ADDRESS"], logging_level=logging.ERROR, log_to_driver=False)
-    except Exception:  # head not up yet: the caller retries
+        socket.create_connection((host.strip("[]"), int(port)), timeout=max(timeout, 0.1)).close()
+    except OSError:
+        return False
+    return True
+
+
+def alive_nodes(address: str, timeout: float) -> int | None:
+    """Nodes alive in the cluster at `address`: 0 when the head does not answer, None when Ray hangs."""
+    if not _reachable(address, min(timeout, 5.0)):
         return 0
-    try:
-        return sum(1 for node in ray.nodes() if node.get("Alive"))
-    finally:
-        ray.shutdown()
+    found: list[int] = []
+
+    def count() -> None:
+        import logging
+
+        import ray
+
+        try:
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+        except Exception:  # head not up yet: the caller retries
+            found.append(0)
+            return
+        try:
+            found.append(sum(1 for node in ray.nodes() if node.get("Alive")))
+        finally:
+            ray.shutdown()
+
+    worker = threading.Thread(target=count, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return found[0] if found else None
+
+
+def wait_for(nodes: int, timeout: float, address: str | None) -> int:
+    """Poll until `nodes` Ray nodes are alive; WaitTimeout with the count seen when the time is up."""
+    if not address:
+        raise UserError("RAY_ADDRESS is not set: export RAY_ADDRESS=HEAD_IP:PORT of the running Ray head")
+    if nodes < 1 or timeout <= 0:
+        raise UserError("--nodes and --timeout must be positive")
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = alive_nodes(address, max(deadline - time.monotonic(), 0.1))
+        if alive is None:  # ray.init is stuck in its own retries; the thread cannot be cancelled
+            print(f"error: Ray at {address} did not answer within {timeout:g} s", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(TIMED_OUT)
+        if alive >= nodes:
+            return alive
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(
+                f"{alive} of {nodes} Ray node(s) alive at RAY_ADDRESS={address} after {timeout:g} s; check "
+                "that the head and workers started (their logs) or raise --timeout"
+            )
+        time.sleep(min(2.0, max(deadline - time.monotonic(), 0)))
 
 
 def plan_bring_up(args: argparse.Namespace) -> BringUp:
     """Compile the recipe (as `engine run` will) for its device count and pinned environment."""
-    from engine import plan, recipe
+    from engine import plan, preflight, recipe
 
+    if args.port is not None and not 0 < args.port < 65536:
+        raise UserError(f"--port {args.port}: give a TCP port (1-65535), or leave it out")
+    for item in args.sets:
+        key, _, value = item.partition("=")
+        if key.strip() == "cluster.nodes" and value.strip() != str(args.nodes):
+            raise UserError(f"--set {item} contradicts --nodes {args.nodes}: give the node count once")
     sets = [*args.sets, f"cluster.nodes={args.nodes}"]
     compiled = plan.compile_recipe(recipe.load(args.recipe, device=args.device, sets=sets))
+    preflight.require_ok(compiled)  # the job would otherwise fail on the cluster, its reason in a log
     env = {k: os.environ[k] for k in PASSTHROUGH if k in os.environ} | dict(compiled.env)
     driver = [args.python, "-m", "engine", "run", args.recipe, "--device", compiled.recipe.cluster.device]
     for item in sets:
@@ -160,7 +217,7 @@ def plan_bring_up(args: argparse.Namespace) -> BringUp:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine.cluster", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m engine.cluster", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="action", required=True)
     for name, text in (("script", "print the bring-up script"), ("launch", "write it to OUT and run it")):
         cmd = sub.add_parser(name, help=text)
@@ -172,35 +229,30 @@ def _parser() -> argparse.ArgumentParser:
         cmd.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
         cmd.add_argument("--out", type=Path, required=True, help="run directory of `engine run`")
         cmd.add_argument("--python", default=sys.executable, help="interpreter on the nodes")
-    wait = sub.add_parser("wait", help="exit 0 once N nodes are alive at RAY_ADDRESS")
+    wait = sub.add_parser("wait", help="exit 0 once N nodes are alive at RAY_ADDRESS (exit 4 on timeout)")
     wait.add_argument("--nodes", type=int, required=True)
+    wait.add_argument("--timeout", type=float, default=30.0, help="seconds to wait (default 30)")
     return parser
 
 
 def cli_main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.action == "wait":
-        return 0 if alive_nodes() >= args.nodes else 1
+        alive = wait_for(args.nodes, args.timeout, os.environ.get("RAY_ADDRESS"))
+        print(f"cluster: {alive} Ray node(s) alive")
+        return 0
+    if args.action == "launch":  # before compiling: the run directory must be usable
+        from engine.launch import reusable_run_dir
+
+        args.out = fsutil.check_out_dir(args.out, reuse=reusable_run_dir(Path(args.recipe).stem))
     script = render(plan_bring_up(args))
     if args.action == "script":
         print(script, end="")
         return 0
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "ray_cluster.sh"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(script)
-    os.replace(tmp, path)
+    path = fsutil.atomic_write(args.out / "ray_cluster.sh", script)
     os.execvp("bash", ["bash", str(path)])
     return 1  # not reached
 
 
-def main() -> int:
-    try:
-        return cli_main(sys.argv[1:])
-    except UserError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    entry(cli_main)

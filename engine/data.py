@@ -10,17 +10,14 @@ a manifest is never a finished one.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from engine.errors import UserError
+from engine import fsutil
+from engine.errors import ArgumentParser, UserError
 from engine.hashing import sha256_file
 
 SPLITS = ("train", "test")
@@ -135,15 +132,32 @@ def _split_files(root: Path, split: str, config: str | None) -> list[Path]:
 
 
 def _read_files(files: list[Path]) -> list[dict[str, Any]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     rows: list[dict[str, Any]] = []
     for path in files:
         if path.suffix == ".parquet":
-            rows.extend(pq.read_table(path).to_pylist())
-        else:
-            with path.open(encoding="utf-8") as handle:
-                rows.extend(json.loads(line) for line in handle if line.strip())
+            try:
+                rows.extend(pq.read_table(path).to_pylist())
+            except (pa.ArrowException, OSError) as err:
+                first = str(err).splitlines()[0] if str(err) else type(err).__name__
+                raise UserError(
+                    f"--raw {path}: not a readable parquet file ({first}); re-download it"
+                ) from None
+            continue
+        text = fsutil.read_text(path, "--raw", "JSONL means one UTF-8 JSON object per line")
+        for number, line in enumerate(text.splitlines(), 1):
+            try:
+                row = json.loads(line) if line.strip() else None
+            except json.JSONDecodeError as err:
+                raise UserError(
+                    f"--raw {path}:{number}: not JSON ({err.msg}); JSONL is one object per line"
+                ) from None
+            if row is not None and not isinstance(row, dict):
+                raise UserError(f"--raw {path}:{number}: a {type(row).__name__}, not a JSON object per line")
+            if row is not None:
+                rows.append(row)
     return rows
 
 
@@ -154,7 +168,12 @@ def load_raw_local(root: Path, config: str | None) -> dict[str, list[dict[str, A
     if (root / "dataset_dict.json").is_file():
         import datasets
 
-        loaded = datasets.load_from_disk(str(root))
+        try:
+            loaded = datasets.load_from_disk(str(root))
+        except Exception as err:  # a damaged save_to_disk folder, whatever datasets raises for it
+            raise UserError(
+                f"--raw {root}: datasets cannot load it ({type(err).__name__}); re-save it"
+            ) from None
         return {s: loaded[s].with_format("arrow")[:].to_pylist() for s in SPLITS if s in loaded}
     splits = {s: _read_files(_split_files(root, s, config)) for s in SPLITS}
     missing = [s for s, rows in splits.items() if not rows]
@@ -188,29 +207,28 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
     table.to_parquet(str(path))
 
 
-def _publish(tmp: Path, out: Path) -> None:
-    """Swap the finished temp folder in for `out`, so readers never see a half-written one."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        out.rename(old)
-    tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+OUT_FILES = (*(f"{split}.parquet" for split in SPLITS), "manifest.json")
+
+
+def check_out(out: Path) -> Path:
+    """`--out` may hold other files (left alone); files of ours only when a manifest says they are."""
+    return fsutil.check_out_dir(out, reuse=lambda d: fsutil.foreign_files(d, OUT_FILES, "manifest.json"))
 
 
 def write_dataset(
     splits: dict[str, list[dict[str, Any]]], out: Path, dataset: str, source: dict[str, Any]
 ) -> dict[str, Any]:
-    """Write train/test parquet and the manifest atomically into `out`; returns the manifest."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    """Write train/test parquet and the manifest into `out`, the manifest last; returns the manifest.
+
+    Only those three files are replaced: anything else in `out` stays.
+    """
+    for split in SPLITS:
+        if not splits[split]:
+            raise UserError(f"{dataset}: split {split!r} is empty; raw data needs train and test rows")
+    with fsutil.staged(out, last=("manifest.json",)) as tmp:
         files: dict[str, Any] = {}
         for split in SPLITS:
             rows = splits[split]
-            if not rows:
-                raise UserError(f"{dataset}: split {split!r} is empty; raw data needs train and test rows")
             target = tmp / f"{split}.parquet"
             _write_parquet(rows, target)
             size = target.stat().st_size
@@ -223,11 +241,7 @@ def write_dataset(
             "files": files,
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        _publish(tmp, out)
-        return manifest
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    return manifest
 
 
 def _convert(dataset: str, raw: dict[str, list[dict[str, Any]]], raw_root: Path | None) -> dict[str, list]:
@@ -271,6 +285,7 @@ def prepare(
     sizes: tuple[int, int] = (256, 32),
 ) -> dict[str, Any]:
     """Convert one dataset into `out`; exactly one of `raw`/`hub` for geo3k and gsm8k."""
+    check_out(out)
     if dataset == "synthetic":
         if raw is not None or hub:
             raise UserError("--dataset synthetic is generated; drop --raw/--hub")
@@ -294,7 +309,7 @@ def prepare(
 
 def cli_main(argv: list[str]) -> int:
     summary = __doc__.splitlines()[0]
-    parser = argparse.ArgumentParser(prog="python -m engine prepare-data", description=summary)
+    parser = ArgumentParser(prog="python -m engine prepare-data", description=summary)
     parser.add_argument("--dataset", required=True, choices=["geo3k", "gsm8k", "synthetic"])
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--raw", type=Path, help="local raw dataset (Hub snapshot, save_to_disk, or parquet)")
@@ -304,8 +319,6 @@ def cli_main(argv: list[str]) -> int:
     parser.add_argument("--train-size", type=int, default=256, help="synthetic train rows")
     parser.add_argument("--test-size", type=int, default=32, help="synthetic test rows")
     args = parser.parse_args(argv)
-    if args.out.exists() and not args.out.is_dir():
-        raise UserError(f"--out {args.out} exists and is not a directory; pass a directory path")
     sizes = (args.train_size, args.test_size)
     manifest = prepare(args.dataset, args.out, raw=args.raw, hub=args.hub, seed=args.seed, sizes=sizes)
     counts = ", ".join(f"{k} {v['rows']} rows" for k, v in manifest["files"].items())

@@ -9,9 +9,7 @@ model card and a sha256 manifest, and only then renamed from a temporary directo
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -19,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine import merge
-from engine.errors import UserError
+from engine import fsutil, merge
+from engine.errors import ArgumentParser, OutputError, UserError
 from engine.hashing import sha256_file
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -277,13 +275,16 @@ def export(
     import torch
     import transformers
 
-    out = Path(out).resolve()
+    out = fsutil.check_out_dir(out).resolve()
     if out.exists():
-        raise UserError(f"--out {out} already exists: pick a new directory (exports are never overwritten)")
+        raise OutputError(f"--out {out} already exists: pick a new directory (exports are never overwritten)")
+    fix = "pass a provenance.json written by `python -m engine provenance write`"
+    rec = fsutil.read_json(record, "--record", fix) if record else None
     actor = merge.resolve_actor_dir(checkpoint)
     hf_dir = actor / "huggingface"
     if not (hf_dir / "config.json").is_file():
         raise UserError(f"{hf_dir}/config.json missing: the trainer saves it with the checkpoint")
+    fsutil.read_json(hf_dir / "config.json", "model config", "the trainer saves it with the checkpoint")
     files = merge.rank_files(actor)
     with merge.quiet_mesh_warnings():
         plans = merge.plan_merge(files)
@@ -292,14 +293,18 @@ def export(
         method = "verl" if set(meshes) <= merge.MERGER_MESHES else "dtensor"
     if method == "verl" and not set(meshes) <= merge.MERGER_MESHES:
         raise UserError(f"verl.model_merger cannot merge meshes {meshes}: use --method dtensor")
-    config = transformers.AutoConfig.from_pretrained(hf_dir)
-    dtype_name = "bfloat16" if method == "verl" or dtype == "auto" else DTYPES[dtype]
-    torch_dtype = getattr(torch, dtype_name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    if method == "verl" and dtype not in ("auto", "bf16"):
+        raise UserError(
+            f"--dtype {dtype}: verl.model_merger writes bf16 only; use --method dtensor for {dtype}"
+        )
     try:
+        config = transformers.AutoConfig.from_pretrained(hf_dir)
+    except (OSError, ValueError, KeyError) as err:
+        first = (str(err).splitlines() or [type(err).__name__])[0]
+        raise UserError(f"{hf_dir}/config.json: transformers cannot read it ({first}); re-copy it") from None
+    dtype_name = "bfloat16" if dtype == "auto" else DTYPES[dtype]
+    torch_dtype = getattr(torch, dtype_name)
+    with fsutil.publish_dir(out) as tmp:
         started = time.time()
         _, tied = expected_layout(config, torch_dtype)
         if method == "verl":
@@ -323,7 +328,6 @@ def export(
             "verification": verification,
             "seconds": round(time.time() - started, 2),
         }
-        rec = json.loads(Path(record).read_text()) if record else None
         (tmp / "README.md").write_text(model_card(report, rec))
         (tmp / "export.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
         with _progress() as progress:
@@ -332,10 +336,6 @@ def export(
                     hashes[f.name] = sha256_file(f, progress if f.stat().st_size > 64 << 20 else None)
         manifest = "".join(f"{hashes[n]}  {n}\n" for n in sorted(hashes))
         (tmp / "SHA256SUMS").write_text(manifest)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     report["files"] = dict(sorted(hashes.items()))
     return report
 
@@ -344,9 +344,12 @@ def _size(text: str) -> int:
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     text = text.strip().lower().removesuffix("ib").removesuffix("b")
     try:
-        return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
-    except (ValueError, IndexError):
-        raise UserError(f"--shard-size {text!r}: give bytes or a size like 2GiB") from None
+        size = int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+    except (ValueError, IndexError, OverflowError):
+        size = 0
+    if size < 1:
+        raise UserError(f"--shard-size {text!r}: give a positive number of bytes or a size like 2GiB")
+    return size
 
 
 def cli_main(argv: list[str]) -> int:
@@ -354,7 +357,7 @@ def cli_main(argv: list[str]) -> int:
         from engine.export_bench import bench_main
 
         return bench_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m engine export", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m engine export", description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="checkpoint root, global_step_N or its actor/ dir")
     parser.add_argument("--out", required=True, help="new directory for the export")
     parser.add_argument(

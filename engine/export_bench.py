@@ -7,7 +7,6 @@ device meshes (`fully_shard` for the fsdp2/hsdp layouts; `DTensor.from_local` fo
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -20,7 +19,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from engine.errors import UserError
+from engine import fsutil
+from engine.errors import ArgumentParser, UserError
 from engine.merge import local_region
 
 # --- synthetic sharded checkpoints (tests and the export benchmark) -------------------------------
@@ -174,12 +174,17 @@ def _measure(cmd: list[str]) -> tuple[float, float, int]:
     return wall, usage.ru_maxrss / (1 << 20), proc.returncode
 
 
+def _foreign(directory: Path, own: tuple[str, ...]) -> str | None:
+    others = sorted(p.name for p in directory.iterdir() if p.name not in own)
+    return f"it holds {', '.join(others[:3])}, which the export bench did not write" if others else None
+
+
 def bench_main(argv: list[str]) -> int:
     """`python -m engine export --bench`: our export+verify vs `verl.model_merger merge` alone."""
     from rich.console import Console
     from rich.table import Table
 
-    parser = argparse.ArgumentParser(prog="python -m engine export --bench")
+    parser = ArgumentParser(prog="python -m engine export --bench")
     parser.add_argument("--params", type=float, default=1.0e9, help="minimum parameter count")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--workdir", help="where the checkpoint and outputs go (default: a temp dir)")
@@ -187,6 +192,11 @@ def bench_main(argv: list[str]) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the workdir")
     args = parser.parse_args(argv)
     console = Console(stderr=True)
+    own = ("model", "ckpt", "merger", "export")  # it clears merger/ and export/ between runs
+    if args.workdir:
+        fsutil.check_out_dir(args.workdir, "--workdir", reuse=lambda d: _foreign(d, own))
+    if args.json:
+        fsutil.check_out_file(args.json, "--json", reuse=lambda _: None)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="export-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -277,7 +287,7 @@ def bench_main(argv: list[str]) -> int:
             "rss_ratio": round(ours[1] / merger[1], 3),
         }
         if args.json:
-            Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+            fsutil.atomic_write(args.json, json.dumps(figures, indent=2) + "\n")
         return 0 if figures["time_ratio"] <= 1.0 and figures["rss_ratio"] <= 0.6 else 1
     finally:
         if not args.keep and not args.workdir:

@@ -26,7 +26,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from engine.errors import UserError
+from engine import errors, fsutil
+from engine.errors import ArgumentParser, UserError
 
 console = Console(stderr=True, highlight=False)
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
@@ -224,7 +225,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine bench-gpu", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m engine bench-gpu", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="action", required=True)
     mk = sub.add_parser("make-model", help="write the random-init Qwen3.5-0.8B-shaped model + tokenizer")
     mk.add_argument("--out", type=Path, required=True)
@@ -277,9 +278,20 @@ def _validate(args: argparse.Namespace) -> None:
         )
 
 
+def _bench_rows(path: Path) -> str | None:
+    """Rows accumulate in --out across invocations: append only to a file of earlier rows."""
+    try:
+        lines = path.read_text().splitlines()
+        ok = all(isinstance(json.loads(line), dict) for line in lines if line.strip())
+    except (OSError, ValueError):
+        ok = False
+    return None if ok else "it exists and does not hold bench-gpu rows (JSON lines)"
+
+
 def cli_main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.action == "make-model":
+        args.out = fsutil.check_out_dir(args.out)  # a model directory is written whole, never merged into
         import torch
 
         device = "cuda" if torch.cuda.is_available() and not args.small else "cpu"
@@ -287,6 +299,9 @@ def cli_main(argv: list[str]) -> int:
         print(f"model {path}")
         return 0
     _validate(args)
+    args.out = fsutil.check_out_file(args.out, reuse=_bench_rows)
+    if args.profile is not None:
+        args.profile = fsutil.check_out_dir(args.profile, "--profile", reuse=lambda _: None)
     rows = run_matrix(args)
     table = Table(title=f"bench-gpu ({args.out})")
     for column in ("run", "kernels", "GPUs", "b/mbs/seq", "result"):
@@ -295,9 +310,9 @@ def cli_main(argv: list[str]) -> int:
         table.add_row(_run_name(r), r["kernels"], str(r["gpus"]), _shape(r), _cell(r))
     console.print(table)
     md = args.out.with_suffix(".md")
-    md.write_text(markdown_table(rows))
+    fsutil.atomic_write(md, markdown_table(rows))
     return 0 if all("error" not in r for r in rows) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(cli_main(sys.argv[1:]))
+    errors.entry(cli_main)

@@ -14,20 +14,21 @@ import contextlib
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
-from engine.errors import UserError
+from engine import fsutil
+from engine.errors import ArgumentParser, UserError
 from engine.models import TINY, TINY_MOE
 from engine.redact import redact_env, scrub, secret_values
 
@@ -38,7 +39,7 @@ errors = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # ------------------------------------------------------------------------------------------- planning
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("recipe", help="recipe name or YAML path")
     parser.add_argument("--device", choices=["gpu", "npu", "cpu"], help="device profile (default: recipe's)")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
@@ -46,17 +47,41 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def _write_scrubbed(path: Path, text: str) -> None:
     """Every file a run writes goes through the credential scrubber (launch.sh may carry env values)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(scrub(text))
-    os.replace(tmp, path)
+    fsutil.atomic_write(path, scrub(text))
+
+
+# What `engine run` writes into its directory; an attempt stages them and publishes them together.
+RUN_FILES = ("launch.sh", "overrides.txt", "recipe.yaml", "train.log", "metrics.jsonl", "run.json")
+LAST_ATTEMPT = "last-attempt"
+
+
+def reusable_run_dir(recipe_name: str) -> Callable[[Path], str | None]:
+    """`run` resumes in its own run directory of the same recipe, and writes into no other non-empty one."""
+
+    def reuse(out: Path) -> str | None:
+        if not any((out / name).exists() for name in (*RUN_FILES, "checkpoints", "ray_cluster.sh")):
+            return "it is not empty and holds no run (no run.json, launch.sh or checkpoints/)"
+        if (out / "run.json").exists():
+            try:
+                earlier = json.loads((out / "run.json").read_text()).get("recipe")
+            except (OSError, ValueError, AttributeError):
+                return "its run.json is unreadable, so it is not a run directory this command made"
+            if earlier != recipe_name:
+                return f"it holds a run of recipe {earlier!r}, whose checkpoints this run would resume"
+        return None
+
+    return reuse
 
 
 def build_plan(ref: str, device: str | None, sets: list[str], out: Path) -> Any:
     """Load the recipe with the run directory applied through the ordinary `--set` paths, then compile."""
     from engine import plan, recipe
 
+    for item in sets:
+        if item.partition("=")[0].strip() == "trainer.checkpoint_dir":
+            raise UserError(f"--set {item}: a run keeps its checkpoints in --out/checkpoints; pass --out")
     first = recipe.load(ref, device=device, sets=sets)
     loggers = list(first.trainer.logger)
     if "file" not in loggers:
@@ -84,9 +109,9 @@ def _ensure_tiny_assets(r: Any) -> None:
         raise UserError(f"model.path {model_path}: building tiny assets failed ({tail[0]})")
 
 
-def launch_env(p: Any, out: Path) -> dict[str, str]:
+def launch_env(p: Any, out: Path, metrics: Path | None = None) -> dict[str, str]:
     env = dict(os.environ) | dict(p.env)
-    env["VERL_FILE_LOGGER_PATH"] = str(out / "metrics.jsonl")
+    env["VERL_FILE_LOGGER_PATH"] = str(metrics or out / "metrics.jsonl")
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(x for x in [str(ROOT), env.get("PYTHONPATH", "")] if x)
     return env
@@ -206,33 +231,76 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def _publish_attempt(stage: Path, out: Path, logged_steps: bool) -> Path:
+    """Where this attempt's files go: over the run's files once it trained a step (the checkpoints moved
+    on, so the earlier record describes nothing any more). An attempt that trained nothing replaces
+    nothing: its files fill only the names the run lacks (run.json after Snakemake removed it) and the
+    rest go to LAST_ATTEMPT, so the earlier run's files and the record over them stay intact."""
+    if logged_steps:
+        fsutil.move_into(stage, out, last=("run.json",))
+        return out
+    for name in sorted((p.name for p in stage.iterdir()), key=lambda n: (n == "run.json", n)):
+        if not (out / name).exists():
+            os.replace(stage / name, out / name)
+    if not any(stage.iterdir()):
+        stage.rmdir()
+        return out
+    with fsutil.publish_dir(out / LAST_ATTEMPT, replace=True) as target:
+        fsutil.move_into(stage, target)
+    return out / LAST_ATTEMPT
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (Slurm's time limit, scancel) stops verl's tree and publishes the attempt like Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_main(argv: list[str]) -> int:
     args = _parser("python -m engine run").parse_args(argv)
     from engine import plan as plan_mod
     from engine import preflight, recipe
 
-    out = (args.out or ROOT / "results" / "runs" / Path(args.recipe).stem).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = args.out or ROOT / "results" / "runs" / Path(args.recipe).stem
+    out = fsutil.check_out_dir(out, reuse=reusable_run_dir(Path(args.recipe).stem)).resolve()
     p = build_plan(args.recipe, args.device, args.sets, out)
     # the plan checks plus the paths (not imports or pins: the run itself will tell about those)
-    problems = preflight.check(p, check_env=False) + preflight.check_paths(p)
-    if problems:
-        for problem in problems:
-            errors.print(f"preflight: {problem}", style="red")
-        return 2
-    _atomic_write(out / "launch.sh", plan_mod.render(p, "script"))
-    _atomic_write(out / "overrides.txt", plan_mod.render(p, "overrides"))
-    _atomic_write(out / "recipe.yaml", recipe.to_yaml(p.recipe))
+    preflight.require_ok(p, paths=True)
     total = p.recipe.trainer.total_training_steps
     r = p.recipe
-    console.print(f"[bold]{r.name}[/bold] on {r.cluster.device} x{p.world_size}: log {out / 'train.log'}")
+    # Nothing of an earlier run is touched until this attempt is over: it writes into a stage.
+    out.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".attempt.", suffix=fsutil.PARTIAL, dir=out))
+    log, metrics = stage / "train.log", stage / "metrics.jsonl"
+    _write_scrubbed(stage / "launch.sh", plan_mod.render(p, "script"))
+    _write_scrubbed(stage / "overrides.txt", plan_mod.render(p, "overrides"))
+    _write_scrubbed(stage / "recipe.yaml", recipe.to_yaml(p.recipe))
+    console.print(f"[bold]{r.name}[/bold] on {r.cluster.device} x{p.world_size}: log {log} (live)")
     started, t0 = _now(), time.monotonic()
-    for attempt in (1, 2):
-        code = execute(p.command, launch_env(p, out), out / "train.log", out / "metrics.jsonl", total)
-        if attempt == 2 or code == 0 or not _ray_start_timed_out(out / "train.log"):
-            break
-        console.print("Ray's node did not come up within its fixed 30 s (machine overloaded?); retrying once")
-    rows = read_metrics(out / "metrics.jsonl")
+    try:
+        with _terminate_as_interrupt():
+            for attempt in (1, 2):
+                code = execute(p.command, launch_env(p, out, metrics), log, metrics, total)
+                if attempt == 2 or code == 0 or not _ray_start_timed_out(log):
+                    break
+                console.print(
+                    "Ray's node did not come up within its fixed 30 s (machine overloaded?); retrying once"
+                )
+    except BaseException:  # interrupted: keep what the attempt logged, by the same rule
+        _publish_attempt(stage, out, bool(read_metrics(metrics)))
+        raise
+    rows = read_metrics(metrics)
     last = max((int(row["step"]) for row in rows), default=0)
     saved = saved_step(Path(p.value("trainer.default_local_dir")))
     result, trained = outcome(code, rows, total, saved)
@@ -254,11 +322,16 @@ def run_main(argv: list[str]) -> int:
         "target_steps": total,
         "status": status,
     }
-    _atomic_write(out / "run.json", json.dumps(record, indent=2) + "\n")
+    _write_scrubbed(stage / "run.json", json.dumps(record, indent=2) + "\n")
+    where = _publish_attempt(stage, out, bool(rows))
+    if where != out:
+        console.print(
+            f"this attempt trained no step: the earlier run's files in {out} are kept; its own are in {where}"
+        )
     if code != 0:
-        tail = (out / "train.log").read_text(errors="replace").splitlines()[-25:]
+        tail = (where / "train.log").read_text(errors="replace").splitlines()[-25:]
         console.print("\n".join(tail), markup=False, style="dim")
-        console.print(f"verl exited with {code}; full log: {out / 'train.log'}", style="red")
+        console.print(f"verl exited with {code}; full log: {where / 'train.log'}", style="red")
     elif result != 0:
         console.print(
             f"verl exited 0 but this launch logged {len(rows)} step(s), last step {last} of {total}, and the "
@@ -272,108 +345,3 @@ def run_main(argv: list[str]) -> int:
             f"done: {len(rows)} step(s) in {record['wall_s']:.0f} s; {out / 'run.json'}", style="green"
         )
     return result
-
-
-# ---------------------------------------------------------------------------------------- benchmarking
-def measure(
-    command: list[str], env: dict[str, str], log_path: Path, interval: float = 0.25
-) -> dict[str, Any]:
-    """Wall time and peak memory of the whole process tree (summed RSS and PSS of all descendants)."""
-    import psutil
-
-    t0 = time.monotonic()
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        root = psutil.Process(proc.pid)
-        peak = {"rss": 0, "pss": 0, "procs": 0}
-        stop = threading.Event()
-
-        def sample() -> None:
-            while not stop.is_set():
-                try:
-                    tree = [root, *root.children(recursive=True)]
-                except psutil.Error:
-                    break
-                rss = pss = 0
-                for item in tree:
-                    try:
-                        info = item.memory_full_info()
-                        rss, pss = rss + info.rss, pss + getattr(info, "pss", info.rss)
-                    except psutil.Error:
-                        continue
-                peak["rss"], peak["pss"] = max(peak["rss"], rss), max(peak["pss"], pss)
-                peak["procs"] = max(peak["procs"], len(tree))
-                stop.wait(interval)
-
-        thread = threading.Thread(target=sample, daemon=True)
-        thread.start()
-        code = proc.wait()
-        stop.set()
-        thread.join()
-    gib = 1024**3
-    return {
-        "exit_code": code,
-        "wall_s": round(time.monotonic() - t0, 2),
-        "peak_rss_gib": round(peak["rss"] / gib, 3),
-        "peak_pss_gib": round(peak["pss"] / gib, 3),
-        "max_processes": peak["procs"],
-    }
-
-
-def bench_main(argv: list[str]) -> int:
-    parser = _parser("python -m engine bench")
-    parser.add_argument("--max-wall", type=float, default=90.0, help="target wall seconds")
-    parser.add_argument("--max-gib", type=float, default=5.0, help="target peak memory (PSS, GiB)")
-    parser.add_argument("--max-overhead", type=float, default=1.10, help="target engine/bare wall ratio")
-    args = parser.parse_args(argv)
-    out = (args.out or ROOT / "results" / "bench" / Path(args.recipe).stem).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    for previous in (out / "engine", out / "bare"):  # a checkpoint left there would resume: no training
-        shutil.rmtree(previous, ignore_errors=True)
-    engine_cmd = [sys.executable, "-m", "engine", "run", args.recipe, "--out", str(out / "engine")]
-    engine_cmd += [f"--device={args.device}"] if args.device else []
-    engine_cmd += [f"--set={item}" for item in args.sets]
-    console.print(f"bench 1/2: {shlex.join(engine_cmd[1:])}")
-    ours = measure(engine_cmd, dict(os.environ), out / "engine.log")
-    bare_out = out / "bare"
-    bare_out.mkdir(parents=True, exist_ok=True)
-    p = build_plan(args.recipe, args.device, args.sets, bare_out)
-    console.print("bench 2/2: the same verl command launched bare")
-    bare = measure(p.command, launch_env(p, bare_out), bare_out / "train.log")
-    ratio = round(ours["wall_s"] / bare["wall_s"], 3) if bare["wall_s"] else None
-    table = Table(title=f"{p.recipe.name} on {p.recipe.cluster.device}")
-    for column in ("", "engine run", "bare verl", "target"):
-        table.add_column(column)
-    table.add_row("exit code", str(ours["exit_code"]), str(bare["exit_code"]), "0")
-    table.add_row("wall s", f"{ours['wall_s']:.1f}", f"{bare['wall_s']:.1f}", f"<= {args.max_wall:g}")
-    table.add_row(
-        "peak PSS GiB", f"{ours['peak_pss_gib']:.2f}", f"{bare['peak_pss_gib']:.2f}", f"<= {args.max_gib:g}"
-    )
-    table.add_row("peak RSS GiB (summed)", f"{ours['peak_rss_gib']:.2f}", f"{bare['peak_rss_gib']:.2f}", "")
-    table.add_row("processes (max)", str(ours["max_processes"]), str(bare["max_processes"]), "")
-    table.add_row("overhead (wall ratio)", f"{ratio}", "1", f"<= {args.max_overhead:g}")
-    target = p.recipe.trainer.total_training_steps
-    trained = {name: len(read_metrics(out / name / "metrics.jsonl")) for name in ("engine", "bare")}
-    table.add_row("steps trained", str(trained["engine"]), str(trained["bare"]), str(target))
-    checks = {
-        "exit_codes_zero": ours["exit_code"] == 0 and bare["exit_code"] == 0,
-        "trained": all(steps == target for steps in trained.values()),
-        "wall": ours["wall_s"] <= args.max_wall,
-        "memory": ours["peak_pss_gib"] <= args.max_gib,
-        "overhead": ratio is not None and ratio <= args.max_overhead,
-    }
-    console.print(table)
-    record = {
-        "recipe": p.recipe.name,
-        "steps_trained": trained,
-        "engine": ours,
-        "bare": bare,
-        "overhead_ratio": ratio,
-        "targets": checks,
-    }
-    _atomic_write(out / "bench.json", json.dumps(record, indent=2) + "\n")
-    for name, ok in checks.items():
-        console.print(f"{'met' if ok else 'MISSED'}: {name}", style="green" if ok else "yellow")
-    return 0 if checks["exit_codes_zero"] and checks["trained"] else 1

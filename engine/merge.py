@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine import fsutil
 from engine.errors import UserError
 
 SAFETENSORS_DTYPES = {
@@ -46,7 +47,7 @@ def resolve_actor_dir(path: str | Path) -> Path:
         raise UserError(f"checkpoint {p} is not a directory: pass a checkpoint root, global_step_N or actor/")
     tracker = p / "latest_checkpointed_iteration.txt"
     if tracker.is_file():
-        step = tracker.read_text().strip()
+        step = fsutil.read_text(tracker, "tracker", "it names the step verl saved last").strip()
         p = p / f"global_step_{step}"
         if not p.is_dir():
             raise UserError(
@@ -61,7 +62,12 @@ def resolve_actor_dir(path: str | Path) -> Path:
 
 def rank_files(actor_dir: Path) -> list[Path]:
     """The model shard of every rank, in rank order, checked against fsdp_config.json."""
-    world_size = int(json.loads((actor_dir / "fsdp_config.json").read_text()).get("world_size", 0))
+    config = fsutil.read_json(actor_dir / "fsdp_config.json", "checkpoint", "re-copy it from the trainer")
+    world_size = config.get("world_size", 0)
+    if not isinstance(world_size, int) or isinstance(world_size, bool):
+        raise UserError(
+            f"{actor_dir}/fsdp_config.json: world_size {world_size!r} is not an integer; re-copy it"
+        )
     found = {}
     for f in actor_dir.glob("model_world_size_*_rank_*.pt"):
         m = _RANK_FILE.search(f.name)
@@ -77,7 +83,16 @@ def _load(path: Path) -> dict[str, Any]:
     import torch
 
     logging.getLogger("torch.distributed.device_mesh").setLevel(logging.ERROR)
-    return torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception as err:  # any failure to unpickle a file is a bad input here, not a bug
+        first = (str(err).splitlines() or [type(err).__name__])[0][:120]
+        raise UserError(
+            f"rank file {path}: cannot be loaded ({first}); truncated or corrupt, re-copy it"
+        ) from None
+    if not isinstance(state, dict):
+        raise UserError(f"rank file {path}: holds a {type(state).__name__}, not a state dict; re-copy it")
+    return state
 
 
 def _is_dtensor(value: Any) -> bool:

@@ -7,7 +7,6 @@ from importing the packages themselves.
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata as md
 import importlib.util
 import json
@@ -19,9 +18,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from engine.errors import UserError
+from engine import fsutil
+from engine.errors import ArgumentParser, UserError
 
 PINS_ENV = "ENGINE_PINS"  # path of the pins file (the images set it; the repository copy otherwise)
 STACK_ENV = "ENGINE_STACK"  # stack baked into an image; `cpu` (this repository's dev/CI venv) otherwise
@@ -62,14 +60,9 @@ def pins_path() -> Path:
 def load_pins(path: Path | str | None = None) -> dict[str, Any]:
     """Parse and minimally validate the pins file; a bad file is a UserError naming it."""
     target = Path(path) if path is not None else pins_path()
-    try:
-        data = yaml.safe_load(target.read_text())
-    except FileNotFoundError:
-        raise UserError(
-            f"pins file {target} not found: set {PINS_ENV}=<path to containers/pins.yaml>"
-        ) from None
-    except yaml.YAMLError as err:
-        raise UserError(f"pins file {target} is not valid YAML: {str(err).splitlines()[0]}") from None
+    if not target.exists():
+        raise UserError(f"pins file {target} not found: set {PINS_ENV}=<path to containers/pins.yaml>")
+    data = fsutil.read_yaml(target, "pins file", f"fix it or set {PINS_ENV}=<path to containers/pins.yaml>")
     if not isinstance(data, dict) or not isinstance(data.get("stacks"), dict) or "engine" not in data:
         raise UserError(f"pins file {target}: needs top-level 'engine' and 'stacks' mappings")
     return data
@@ -269,20 +262,32 @@ def _print_table(rec: dict[str, Any]) -> None:
     console.print(f"verl extension {ext['module']}: enabled={ext['enabled']} importable={ext['importable']}")
 
 
+def _own_record(path: Path) -> str | None:
+    """--output replaces an earlier verify-env record, and no other file."""
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError):
+        earlier = None
+    if isinstance(earlier, dict) and {"stack", "expected", "installed", "drift"} <= set(earlier):
+        return None
+    return "it exists and is not a verify-env record"
+
+
 def cli_main(argv: list[str]) -> int:
     """`python -m engine verify-env`: print pinned vs installed; exit 1 on drift unless allowed."""
-    parser = argparse.ArgumentParser(prog="python -m engine verify-env", description=cli_main.__doc__)
+    parser = ArgumentParser(prog="python -m engine verify-env", description=cli_main.__doc__)
     parser.add_argument("--stack", help=f"stack in the pins file (default: ${STACK_ENV} or {DEFAULT_STACK})")
     parser.add_argument("--allow-drift", action="store_true", help="report drift but exit 0")
     parser.add_argument("--json", action="store_true", help="print the record as JSON")
     parser.add_argument("--output", type=Path, help="also write the JSON record to this file")
     args = parser.parse_args(argv)
+    if args.stack is not None and not args.stack.strip():
+        raise UserError(f"--stack is empty: name a stack of the pins file, or leave it out for ${STACK_ENV}")
+    if args.output:
+        args.output = fsutil.check_out_file(args.output, "--output", reuse=_own_record)
     rec = report(args.stack)
     if args.output:
-        tmp = args.output.with_name(args.output.name + ".tmp")
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(rec, indent=2) + "\n")
-        tmp.replace(args.output)
+        fsutil.atomic_write(args.output, json.dumps(rec, indent=2) + "\n")
     if args.json:
         print(json.dumps(rec, indent=2))
     else:

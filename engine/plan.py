@@ -80,7 +80,10 @@ def _reward_file(spec: str) -> tuple[str, str]:
         raise UserError(f"reward.custom_function '{spec}': expected 'module:function' or 'file.py:function'")
     if module.endswith(".py"):
         return _path(module), function
-    found = find_spec(module)
+    try:
+        found = find_spec(module)
+    except (ImportError, ValueError):  # a parent package is missing, or the name is malformed
+        found = None
     if found is None or found.origin is None:
         raise UserError(
             f"reward.custom_function: module '{module}' is not importable; install it or fix the name"

@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.errors import UserError
 from engine.memory import memory_estimate
 from engine.models import compare_config
 from engine.plan import Plan
@@ -301,3 +302,13 @@ ENV_CHECKS: list[Callable[[Plan], list[str]]] = [
 def check(plan: Plan, check_env: bool = False) -> list[str]:
     checks = PLAN_CHECKS + (ENV_CHECKS if check_env else [])
     return [problem for run in checks for problem in run(plan)]
+
+
+def require_ok(plan: Plan, paths: bool = False) -> None:
+    """For commands that launch or orchestrate: the plan checks (and the paths) as one UserError."""
+    problems = check(plan) + (check_paths(plan) if paths else [])
+    if problems:
+        more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise UserError(
+            "preflight: " + "; ".join(problems[:3]) + more + "; fix the recipe or --set (see `preflight`)"
+        )

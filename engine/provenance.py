@@ -10,7 +10,6 @@ written: `redact_env` and `scrub` are the filters every writer of the project pa
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -21,7 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from engine.errors import UserError
+from engine import fsutil
+from engine.errors import ArgumentParser, UserError
 from engine.hashing import sha256_file
 from engine.plan import overrides_digest
 from engine.redact import redact_env, scrub, scrub_obj
@@ -162,13 +162,17 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 def build_record(run_dir: Path, exports: list[Path], data: list[Path], repo: Path) -> dict[str, Any]:
     """Everything the record says about one run directory."""
-    import yaml
 
-    run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").is_file() else {}
+    fix = "the run directory must hold what `python -m engine run` wrote there"
+    run = fsutil.read_json(run_dir / "run.json", "run record", fix)
     recipe_file = run_dir / "recipe.yaml"
-    resolved = yaml.safe_load(recipe_file.read_text()) if recipe_file.is_file() else {}
+    resolved = fsutil.read_yaml(recipe_file, "resolved recipe", fix) if recipe_file.is_file() else {}
+    if not isinstance(resolved, dict):
+        raise UserError(f"resolved recipe {recipe_file}: not a mapping; {fix}")
     overrides_file = run_dir / "overrides.txt"
-    overrides = overrides_file.read_text().split("\n") if overrides_file.is_file() else []
+    overrides = (
+        fsutil.read_text(overrides_file, "overrides", fix).split("\n") if overrides_file.is_file() else []
+    )
     overrides = [o for o in overrides if o.strip()]
     inputs: list[tuple[Path, str]] = [(p, "data") for p in data]
     for key in ("train_files", "val_files"):
@@ -237,28 +241,74 @@ def build_record(run_dir: Path, exports: list[Path], data: list[Path], repo: Pat
     return scrub_obj(record)
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)  # callers pass structures already through scrub_obj
-    os.replace(tmp, path)
+def _not_poorer(path: Path, record: dict[str, Any]) -> str | None:
+    """A record is replaced only by one that names at least as many inputs and outputs (a mistyped
+    --export must not turn ten recorded export files into none)."""
+    try:
+        old = json.loads(path.read_text())
+        counts = {key: len(old[key]) for key in ("inputs", "outputs")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return "it is not a readable run record; --force replaces it"
+    for key, before in counts.items():
+        if len(record[key]) < before:
+            return (
+                f"it records {before} {key}, the new record {len(record[key])} (a missing --export or "
+                "--data?); pass them again, or --force to replace it with the poorer one"
+            )
+    return None
 
 
-def write(run_dir: Path, exports: list[Path] = (), data: list[Path] = (), repo: Path | None = None) -> Path:  # type: ignore[assignment]
+def write(
+    run_dir: Path,
+    exports: list[Path] = (),  # type: ignore[assignment]
+    data: list[Path] = (),  # type: ignore[assignment]
+    repo: Path | None = None,
+    force: bool = False,
+) -> Path:
     run_dir = run_dir.resolve()
     if not run_dir.is_dir():
         raise UserError(f"run directory {run_dir} does not exist: pass the --out of `python -m engine run`")
+    if not (run_dir / "run.json").is_file():
+        raise UserError(f"{run_dir} is not a run directory (no run.json): pass the --out of `engine run`")
+    for flag, paths in (("--export", exports), ("--data", data)):
+        for path in paths:
+            if not Path(path).exists():
+                raise UserError(f"{flag} {path}: no such file or directory; fix the path or leave it out")
     repo = repo or Path(__file__).resolve().parent.parent
+    for name in ("provenance.json", "ro-crate-metadata.json"):
+        fsutil.check_out_file(run_dir / name, "record", reuse=lambda _: None)
     record = build_record(run_dir, [Path(e) for e in exports], [Path(d) for d in data], repo)
-    _write(run_dir / "provenance.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
-    _write(run_dir / "ro-crate-metadata.json", json.dumps(scrub_obj(ro_crate(record)), indent=2) + "\n")
-    return run_dir / "provenance.json"
+    target = run_dir / "provenance.json"
+    if target.exists() and not force:
+        fsutil.check_out_file(target, "record", reuse=lambda path: _not_poorer(path, record))
+    crate = json.dumps(scrub_obj(ro_crate(record)), indent=2) + "\n"
+    # callers pass structures already through scrub_obj; the crate names the record, so it goes last
+    fsutil.atomic_write(target, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    fsutil.atomic_write(run_dir / "ro-crate-metadata.json", crate)
+    return target
+
+
+ENTRY_KEYS = ("path", "role", "sha256")
+
+
+def read_record(record_path: Path) -> dict[str, Any]:
+    """A provenance record, checked for the keys verify and rerun read (UserError naming the file)."""
+    fix = "pass a provenance.json written by `python -m engine provenance write`"
+    record = fsutil.read_json(record_path, "record", fix)
+    if record.get("schema") != SCHEMA:
+        raise UserError(f"{record_path}: schema {record.get('schema')!r} is not {SCHEMA}: not a run record")
+    for key in ("inputs", "outputs", "run_files"):
+        entries = record.get(key)
+        if not isinstance(entries, list) or not all(
+            isinstance(e, dict) and all(isinstance(e.get(k), str) for k in ENTRY_KEYS) for e in entries
+        ):
+            raise UserError(f"{record_path}: '{key}' is not a list of {{path, role, sha256}}; {fix}")
+    return record
 
 
 def verify(record_path: Path) -> list[str]:
     """Re-hash every file a record names; one line per mismatch or missing file."""
-    record = json.loads(record_path.read_text())
-    if record.get("schema") != SCHEMA:
-        raise UserError(f"{record_path}: schema {record.get('schema')!r} is not {SCHEMA}: not a run record")
+    record = read_record(record_path)
     base = record_path.resolve().parent
     problems = []
     for entry in record["inputs"] + record["outputs"] + record["run_files"]:
@@ -270,44 +320,20 @@ def verify(record_path: Path) -> list[str]:
     return problems
 
 
-def compare_metrics(
-    recorded: list[dict], fresh: list[dict], keys: list[str], rtol: float, atol: float = 0.0
-) -> list[str]:
-    """Step metrics of a rerun against the record (same steps, each key within atol + rtol * |value|)."""
-    problems = []
-    if [r["step"] for r in recorded] != [r["step"] for r in fresh]:
-        return [f"steps {[r['step'] for r in fresh]} != recorded {[r['step'] for r in recorded]}"]
-    for old, new in zip(recorded, fresh, strict=True):
-        for key in keys or sorted(set(old["data"]) & set(new["data"])):
-            a, b = old["data"].get(key), new["data"].get(key)
-            if a is None or b is None:
-                problems.append(f"step {old['step']} {key}: missing ({a} vs {b})")
-            elif abs(a - b) > atol + rtol * max(abs(a), abs(b)):
-                problems.append(f"step {old['step']} {key}: {b} != recorded {a}")
-    return problems
-
-
-REPRODUCIBLE_KEYS = [
-    "critic/score/mean",
-    "critic/rewards/mean",
-    "response_length/mean",
-    "actor/pg_loss",
-    "actor/grad_norm",
-]
-
-
 def cli_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine provenance", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m engine provenance", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="action", required=True)
     w = sub.add_parser("write", help="write RUN_DIR/provenance.json and RUN_DIR/ro-crate-metadata.json")
     w.add_argument("run_dir")
     w.add_argument("--export", action="append", default=[], help="exported model dir to hash (repeatable)")
     w.add_argument("--data", action="append", default=[], help="extra input file to hash (repeatable)")
+    w.add_argument("--force", action="store_true", help="replace a record that names more files")
     v = sub.add_parser("verify", help="re-hash what a record names; exit 1 on any mismatch")
     v.add_argument("record")
     args = parser.parse_args(argv)
     if args.action == "write":
-        path = write(Path(args.run_dir), [Path(e) for e in args.export], [Path(d) for d in args.data])
+        exports, data = [Path(e) for e in args.export], [Path(d) for d in args.data]
+        path = write(Path(args.run_dir), exports, data, force=args.force)
         record = json.loads(path.read_text())
         n = len(record["inputs"]) + len(record["outputs"]) + len(record["run_files"])
         print(f"provenance: {path} ({n} files hashed, git {str(record['git'].get('commit'))[:12]})")
@@ -321,48 +347,4 @@ def cli_main(argv: list[str]) -> int:
     for line in problems:
         print(f"provenance: {line}", file=sys.stderr)
     print(f"provenance: {'MISMATCH' if problems else 'ok'} ({record_path})")
-    return 1 if problems else 0
-
-
-def rerun_main(argv: list[str]) -> int:
-    """`python -m engine rerun RECORD --out DIR`: launch the recorded recipe and compare step metrics."""
-    parser = argparse.ArgumentParser(prog="python -m engine rerun", description=rerun_main.__doc__)
-    parser.add_argument("record", help="provenance.json (or its run directory)")
-    parser.add_argument("--out", required=True, help="new run directory")
-    # CPU reruns sample the same tokens, but the async rollout may order the batch differently, so float32
-    # sums differ slightly (docs/cpu-run.md): grad norms by ~2e-4 relative, GRPO's zero-mean pg_loss
-    # (about 1e-8) by its whole size.
-    parser.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance per metric")
-    parser.add_argument("--atol", type=float, default=1e-6, help="absolute tolerance per metric")
-    parser.add_argument(
-        "--keys", nargs="*", default=REPRODUCIBLE_KEYS, help="metrics to compare (none: all shared)"
-    )
-    parser.add_argument("--dry-run", action="store_true", help="print the command only")
-    args = parser.parse_args(argv)
-    record_path = Path(args.record) / "provenance.json" if Path(args.record).is_dir() else Path(args.record)
-    if not record_path.is_file():
-        raise UserError(f"record {record_path} not found: pass a provenance.json or its run directory")
-    record = json.loads(record_path.read_text())
-    recipe_file = record_path.parent / record["recipe"]["file"]
-    if not recipe_file.is_file():
-        raise UserError(f"{recipe_file} is missing: the record's run directory must keep recipe.yaml")
-    out = Path(args.out).resolve()
-    if out.exists() and any(out.iterdir()):
-        raise UserError(f"--out {out} is not empty: a rerun needs a fresh directory (verl would resume)")
-    cmd = [sys.executable, "-m", "engine", "run", str(recipe_file), "--out", str(out)]
-    if record["recipe"].get("device"):
-        cmd += ["--device", record["recipe"]["device"]]
-    print(" ".join(cmd))
-    if args.dry_run:
-        return 0
-    code = subprocess.run(cmd, check=False).returncode
-    if code != 0:
-        print(f"rerun: the run exited {code}", file=sys.stderr)
-        return code
-    problems = compare_metrics(
-        record["metrics"]["per_step"], read_metrics(out / "metrics.jsonl"), args.keys, args.rtol, args.atol
-    )
-    for line in problems:
-        print(f"rerun: {line}", file=sys.stderr)
-    print(f"rerun: {'metrics differ' if problems else 'step metrics reproduced'} ({out})")
     return 1 if problems else 0

@@ -13,13 +13,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engine.errors import UserError
+from engine.fsutil import UniqueKeyLoader, read_text, yaml_problem
 
 Device = Literal["gpu", "npu", "cpu"]
 Scalar = str | int | float | bool | None
 HydraValue = Scalar | list[Any] | dict[str, Any]
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Section(BaseModel):
@@ -28,7 +30,9 @@ class Section(BaseModel):
 
 class Model(Section):
     name: str = Field(description="model registry key (engine/models.py), e.g. Qwen3.5-35B-A3B")
-    path: str = Field(description="local directory of the Hugging Face checkpoint (~ and $VARS expand)")
+    path: str = Field(
+        min_length=1, description="local directory of the Hugging Face checkpoint (~ and $VARS expand)"
+    )
     use_remove_padding: bool = True
     gradient_checkpointing: bool = False
     attn_implementation: str | None = Field(None, description="override_config.attn_implementation")
@@ -38,8 +42,10 @@ class Data(Section):
     dataset: Literal["geo3k", "gsm8k", "synthetic"] = Field(
         description="what prepare-data writes for this run"
     )
-    train_files: str = Field(description="verl RL parquet (~ and $VARS expand; relative to the working dir)")
-    val_files: str
+    train_files: str = Field(
+        min_length=1, description="verl RL parquet (~ and $VARS expand; relative to the working dir)"
+    )
+    val_files: str = Field(min_length=1)
     train_batch_size: int = Field(gt=0)
     max_prompt_length: int = Field(gt=0)
     max_response_length: int = Field(gt=0)
@@ -140,7 +146,7 @@ class Trainer(Section):
     balance_batch: bool = False
     critic_warmup: int = 0
     logger: list[str] = Field(default_factory=lambda: ["console"])
-    checkpoint_dir: str = Field(description="trainer.default_local_dir")
+    checkpoint_dir: str = Field(min_length=1, description="trainer.default_local_dir")
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
     max_actor_ckpt_to_keep: int | None = Field(None, gt=0)
     save_hf_model: bool = Field(False, description="also save full HF weights in each checkpoint")
@@ -172,8 +178,16 @@ class Recipe(Section):
         default_factory=dict, description="extra verl keys, written with their Hydra prefix (+key, ++key)"
     )
 
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        bad = [name for name in env if not ENV_NAME.fullmatch(name)]
+        if bad:  # bash would reject the launch script's `export` hours later
+            raise ValueError(f"{bad[0]!r} is not a shell variable name; use letters, digits and _")
+        return env
 
-class _Loader(yaml.SafeLoader):
+
+class _Loader(UniqueKeyLoader):
     """YAML 1.1 reads `1e-6` as a string; recipes mean the number (YAML 1.2 float syntax)."""
 
 
@@ -203,27 +217,26 @@ def recipe_dir() -> Path:
 
 
 def list_recipes() -> list[tuple[str, str]]:
+    directory = recipe_dir()
+    paths = sorted(directory.glob("*.yaml"))
+    if not paths:
+        where = "is not a directory" if not directory.is_dir() else "holds no *.yaml recipe"
+        raise UserError(
+            f"recipe directory {directory} {where}; point ENGINE_RECIPE_DIR at the recipes/ folder"
+        )
     rows = []
-    for path in sorted(recipe_dir().glob("*.yaml")):
+    for path in paths:
         raw = _read_yaml(path)
         rows.append((path.stem, str(raw.get("description", "")).strip().splitlines()[0:1] or [""]))
     return [(name, desc[0]) for name, desc in rows]
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise UserError(f"{path}: file not found") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: cannot read ({err.__class__.__name__})") from None
+    text = read_text(path, "recipe", "pass a recipe name (see `list`) or a readable YAML file")
     try:
         data = _yaml(text)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or "malformed YAML"
-        raise UserError(f"{path}:{where}: {problem}; fix the YAML syntax") from None
+        raise UserError(f"{path}: {yaml_problem(err)}; fix the YAML") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -299,6 +312,8 @@ def parse_set(item: str) -> tuple[list[str], Any]:
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
         raise UserError(f"--set '{item}': expected KEY=VALUE, e.g. --set parallel.ep=4")
+    if not value.strip():  # an empty path would silently become the working directory
+        raise UserError(f"--set '{item}': empty value; give one (write {key.strip()}='' for an empty string)")
     try:
         parsed = _yaml(value) if value.strip() else ""
     except yaml.YAMLError:
@@ -345,7 +360,7 @@ def _format_validation(err: ValidationError, source: str) -> str:
         else:
             given = item.get("input")
             shown = repr(given) if not isinstance(given, dict) else "a mapping"
-            problems.append(f"'{loc}': {item['msg'].lower()} (got {shown[:60]})")
+            problems.append(f"'{loc}': {item['msg'][:1].lower() + item['msg'][1:]} (got {shown[:60]})")
     more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
     return f"{source}: " + "; ".join(problems[:3]) + more
 
@@ -368,6 +383,12 @@ def load(ref: str, device: str | None = None, sets: list[str] | tuple[str, ...] 
     data = _merge(_merge(profile, data), {"name": path.stem, "cluster": {"device": device}})
     for item in sets:
         _apply_set(data, item)
+    chosen = data["cluster"].get("device") if isinstance(data.get("cluster"), dict) else device
+    if chosen != device:
+        raise UserError(
+            f"--set cluster.device={chosen} contradicts --device {device}: the device comes from "
+            f"--device alone; pass --device {chosen}"
+        )
     try:
         return Recipe.model_validate(data)
     except ValidationError as err:

@@ -20,16 +20,13 @@ code is 1 when a gate fails.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from engine.errors import UserError
+from engine import errors, fsutil
+from engine.errors import ArgumentParser, UserError
 from engine.launch import read_metrics
 
 SPLIT = {  # report name -> verl timer (timing_s/<name>)
@@ -81,8 +78,11 @@ def _sequences(run_dir: Path) -> int:
     path = run_dir / "recipe.yaml"
     if not path.is_file():
         raise UserError(f"{run_dir}: no recipe.yaml; pass a directory written by `engine run`")
-    recipe = yaml.safe_load(path.read_text())
-    return int(recipe["data"]["train_batch_size"]) * int(recipe["rollout"]["n"])
+    recipe = fsutil.read_yaml(path, "recipe", "pass a directory written by `engine run`")
+    try:
+        return int(recipe["data"]["train_batch_size"]) * int(recipe["rollout"]["n"])
+    except (TypeError, KeyError, ValueError):
+        raise UserError(f"{path}: no data.train_batch_size or rollout.n; not a resolved recipe") from None
 
 
 def report(run_dir: Path, max_probs_diff: float, max_log_ppl_diff: float) -> dict[str, Any]:
@@ -159,7 +159,7 @@ def _table(result: dict[str, Any]) -> str:
 
 def cli_main(argv: list[str]) -> int:
     prog, about = "python -m engine smoke-report", __doc__.splitlines()[0]
-    parser = argparse.ArgumentParser(prog=prog, description=about)
+    parser = ArgumentParser(prog=prog, description=about)
     parser.add_argument("run_dir", type=Path, help="directory written by `engine run`")
     parser.add_argument("--max-probs-diff", type=float, default=0.01, help="gate on verl's probs diff mean")
     parser.add_argument("--max-log-ppl-diff", type=float, default=0.05, help="gate on log-ppl abs diff")
@@ -167,6 +167,7 @@ def cli_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
         raise UserError(f"{args.run_dir}: no such run directory; pass the --out of `engine run`")
+    target = fsutil.check_out_file(args.run_dir / "smoke_report.json", "report", reuse=lambda _: None)
     result = report(args.run_dir, args.max_probs_diff, args.max_log_ppl_diff)
     if args.drift:
         for path in args.drift:
@@ -178,7 +179,7 @@ def cli_main(argv: list[str]) -> int:
             moved["probs_diff_mean"] > args.max_probs_diff
             or moved["log_ppl_abs_diff"] > args.max_log_ppl_diff
         )
-    (args.run_dir / "smoke_report.json").write_text(json.dumps(result, indent=2) + "\n")
+    fsutil.atomic_write(target, json.dumps(result, indent=2) + "\n")
     print(_table(result))
     if "drift" in result:
         print(f"drift initial -> trained: {result['drift']}")
@@ -187,4 +188,4 @@ def cli_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli_main(sys.argv[1:]))
+    errors.entry(cli_main)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -30,7 +29,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress
 
-from engine.errors import UserError
+from engine import errors, fsutil
+from engine.errors import ArgumentParser, OutputError, UserError
 from engine.hashing import sha256_file
 from engine.pins import canonical
 
@@ -86,10 +86,8 @@ def lock_hashes(text: str) -> dict[str, set[str]]:
 
 def read_names(path: str) -> set[str]:
     """Package names, one a line (`#` comments allowed): the `--only` selection."""
-    if not Path(path).is_file():
-        raise UserError(f"--only {path}: no such file; list one package name a line")
     names = set()
-    for raw in Path(path).read_text().splitlines():
+    for raw in fsutil.read_text(path, "--only", "list one package name a line").splitlines():
         line = raw.split("#", 1)[0].strip()
         if line:
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", line):
@@ -170,10 +168,9 @@ def _skipped(args: argparse.Namespace, pins: dict[str, str]) -> tuple[set[str], 
 
 def _freeze(path: Path) -> dict[str, str]:
     """`pip freeze` / `pip list --format=freeze` output; editable and URL lines are not versions."""
-    if not path.is_file():
-        raise UserError(f"--skip-from {path}: no such file; save `pip freeze` of the target there")
+    text = fsutil.read_text(path, "--skip-from", "save `pip freeze` of the target there")
     found = {}
-    for raw in path.read_text().splitlines():
+    for raw in text.splitlines():
         match = PIN.match(raw.strip())
         if match:
             found[canonical(match.group(1))] = match.group(3)
@@ -185,9 +182,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     pins: dict[str, str] = {}
     hashes: dict[str, set[str]] = {}
     for path in args.requirements:
-        if not Path(path).is_file():
-            raise UserError(f"--requirements {path}: no such file; pass a lock or requirements file")
-        text = Path(path).read_text()
+        text = fsutil.read_text(path, "--requirements", "pass a lock or requirements file")
         pins |= parse_pins(text, str(path))
         hashes |= lock_hashes(text)
     pins |= parse_pins("\n".join(args.pins), "argv")
@@ -202,14 +197,16 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     if not wanted:
         raise UserError("nothing to put in the wheelhouse: give --requirements or NAME==VERSION pins")
     out = Path(args.out)
-    final_dir = out if not out.name.endswith(".tar") else out.with_name(out.name[: -len(".tar")])
-    if final_dir.exists() and any(final_dir.iterdir()):
-        raise UserError(f"--out {final_dir} exists and is not empty; pass a new path")
+    tar = out.name.endswith(".tar")
+    final_dir = out.with_name(out.name[: -len(".tar")]) if tar else out
+    final_dir = fsutil.check_out_dir(final_dir)  # a tar is packed from a fresh directory beside it
+    if tar:
+        out = fsutil.check_out_file(out)
+        if final_dir.exists():
+            raise OutputError(f"--out {out}: {final_dir} exists, and the tar is packed from there; move it")
     max_bytes = int(args.max_part_mib * MIB)
-    final_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{final_dir.name}.", dir=final_dir.parent))
     entries: list[dict[str, Any]] = []
-    try:
+    with fsutil.publish_dir(final_dir) as work:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("wheels", total=len(wanted))
             for name, version in wanted.items():
@@ -243,18 +240,10 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
             "wheels": entries,
         }
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        if final_dir.exists():
-            final_dir.rmdir()
-        os.replace(work, final_dir)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    if out.name.endswith(".tar"):
-        tmp_tar = out.with_name(f".{out.name}.tmp")
-        with tarfile.open(tmp_tar, "w") as tar:
-            tar.add(final_dir, arcname=final_dir.name)
-        os.replace(tmp_tar, out)
-        shutil.rmtree(final_dir)
+    if tar:
+        with fsutil.atomic_path(out) as tmp_tar, tarfile.open(tmp_tar, "w") as handle:
+            handle.add(final_dir, arcname=final_dir.name)
+        shutil.rmtree(final_dir)  # made above by this invocation
     return manifest
 
 
@@ -262,8 +251,11 @@ def load_manifest(source: Path) -> tuple[Path, dict[str, Any]]:
     """The wheelhouse directory (a tar is unpacked beside a temp dir) and its manifest."""
     if source.is_file() and tarfile.is_tarfile(source):
         unpacked = Path(tempfile.mkdtemp(prefix="wheelhouse."))
-        with tarfile.open(source) as tar:
-            tar.extractall(unpacked, filter="data")
+        try:
+            with tarfile.open(source) as tar:
+                tar.extractall(unpacked, filter="data")
+        except (tarfile.TarError, EOFError) as err:
+            raise UserError(f"{source}: damaged tar ({err}); copy the wheelhouse again") from None
         found = list(unpacked.glob(f"*/{MANIFEST}")) + list(unpacked.glob(MANIFEST))
         if not found:
             raise UserError(f"{source}: tar holds no {MANIFEST}; build it with `wheelhouse build`")
@@ -271,10 +263,18 @@ def load_manifest(source: Path) -> tuple[Path, dict[str, Any]]:
     manifest_path = source / MANIFEST
     if not manifest_path.is_file():
         raise UserError(f"{source}: no {MANIFEST}; pass a directory or tar made by `wheelhouse build`")
-    try:
-        return source, json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as err:
-        raise UserError(f"{manifest_path}: not valid JSON ({err.msg}); rebuild the wheelhouse") from err
+    fix = "rebuild the wheelhouse with `wheelhouse build`"
+    manifest = fsutil.read_json(manifest_path, "manifest", fix)
+    wheels = manifest.get("wheels")
+    fields_ok = isinstance(wheels, list) and all(
+        isinstance(w, dict)
+        and all(isinstance(w.get(k), str) for k in ("name", "file", "sha256"))
+        and all(isinstance(p, dict) and isinstance(p.get("file"), str) for p in w.get("parts") or [])
+        for w in wheels
+    )
+    if not fields_ok:
+        raise UserError(f"manifest {manifest_path}: 'wheels' is not a list of {{name, file, sha256}}; {fix}")
+    return source, manifest
 
 
 def missing(source: Path, manifest: dict[str, Any]) -> list[str]:
@@ -327,7 +327,7 @@ def install(source: Path, target: str | None, python: str, dry_run: bool = False
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine wheelhouse", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m engine wheelhouse", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="action", required=True)
     b = sub.add_parser("build", help="download/build pinned wheels for a target, split oversize ones")
     b.add_argument("pins", nargs="*", help="extra NAME==VERSION pins")
@@ -380,4 +380,4 @@ def cli_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli_main(sys.argv[1:]))
+    errors.entry(cli_main)

@@ -129,14 +129,17 @@ def test_same_input_gives_same_bytes(tmp_path: Path) -> None:
     assert first["files"] == second["files"]
 
 
-def test_synthetic_set_and_rerun_replaces_folder(tmp_path: Path) -> None:
+def test_synthetic_set_and_rerun_replace_only_its_own_files(tmp_path: Path) -> None:
     out = tmp_path / "syn"
     (out).mkdir()
-    (out / "stale.txt").write_text("old")
-    manifest = data.prepare("synthetic", out, seed=3, sizes=(8, 2))
+    (out / "unrelated.txt").write_text("theirs")
+    data.prepare("synthetic", out, seed=3, sizes=(4, 2))
+    manifest = data.prepare("synthetic", out, seed=3, sizes=(8, 2))  # a rerun replaces its own files
     assert manifest["files"]["train.parquet"]["rows"] == 8
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "test.parquet", "train.parquet"]
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folders left
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["manifest.json", "test.parquet", "train.parquet", "unrelated.txt"]
+    assert (out / "unrelated.txt").read_text() == "theirs"
+    assert not [p for p in (*tmp_path.iterdir(), *out.iterdir()) if p.name.startswith(".")]  # no temps
 
 
 def test_bad_raw_rows_name_the_row(tmp_path: Path) -> None:

@@ -183,5 +183,5 @@ def test_cli_bad_checkpoint_is_one_line_exit_2(tmp_path: Path, capsys: pytest.Ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a directory" in err[0]
     (tmp_path / "o").mkdir()
-    assert main(["export", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert main(["export", str(tmp_path), "--out", str(tmp_path / "o")]) == 3  # output refused
     assert "already exists" in capsys.readouterr().err

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import launch
+from engine import launch, overhead
+from engine.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,10 +39,10 @@ def test_run_refuses_when_preflight_finds_problems(tmp_path: Path, capsys: pytes
     missing = tmp_path / "nowhere.parquet"
     run = str(tmp_path / "run")
     bad = f"data.train_files={missing}"
-    code = launch.run_main(["tiny_cpu", "--device", "cpu", "--out", run, "--set", bad])
+    code = main(["run", "tiny_cpu", "--device", "cpu", "--out", run, "--set", bad])
     assert code == 2
     assert f"data.train_files {missing}: file not found" in capsys.readouterr().err
-    assert not (tmp_path / "run" / "train.log").exists()  # nothing was launched
+    assert not (tmp_path / "run").exists()  # nothing was launched, nothing created
 
 
 def test_outcome_never_reports_success_without_training() -> None:
@@ -82,7 +83,9 @@ def test_execute_tees_output_and_passes_exit_code(tmp_path: Path) -> None:
 def test_measure_counts_the_whole_process_tree(tmp_path: Path) -> None:
     child = "import time; b = bytearray(200 * 2**20); time.sleep(1.5)"
     parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
-    result = launch.measure([sys.executable, "-c", parent], dict(os.environ), tmp_path / "log", interval=0.1)
+    result = overhead.measure(
+        [sys.executable, "-c", parent], dict(os.environ), tmp_path / "log", interval=0.1
+    )
     assert result["exit_code"] == 0
     assert result["max_processes"] >= 2
     assert result["peak_rss_gib"] >= 0.19 and result["peak_pss_gib"] > 0.1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import provenance, redact
+from engine import provenance, redact, rerun
 from engine.errors import UserError
 
 SECRETS = {
@@ -136,14 +136,14 @@ def test_ro_crate_follows_the_workflow_run_profile(tmp_path: Path) -> None:
 
 def test_compare_metrics_detects_drift() -> None:
     old = [{"step": 1, "data": {"a": 1.0}}, {"step": 2, "data": {"a": 2.0}}]
-    assert provenance.compare_metrics(old, old, ["a"], 1e-6) == []
-    assert provenance.compare_metrics(old, old[:1], ["a"], 1e-6)[0].startswith("steps")
+    assert rerun.compare_metrics(old, old, ["a"], 1e-6) == []
+    assert rerun.compare_metrics(old, old[:1], ["a"], 1e-6)[0].startswith("steps")
     drift = [{"step": 1, "data": {"a": 1.0}}, {"step": 2, "data": {"a": 2.1}}]
-    assert provenance.compare_metrics(old, drift, ["a"], 1e-3) == ["step 2 a: 2.1 != recorded 2.0"]
+    assert rerun.compare_metrics(old, drift, ["a"], 1e-3) == ["step 2 a: 2.1 != recorded 2.0"]
     # a zero-mean loss of ~1e-8 is noise: only an absolute tolerance can compare it
     tiny_old, tiny_new = [{"step": 1, "data": {"a": -5.2e-8}}], [{"step": 1, "data": {"a": -8.2e-8}}]
-    assert provenance.compare_metrics(tiny_old, tiny_new, ["a"], 1e-3, atol=1e-6) == []
-    assert provenance.compare_metrics(tiny_old, tiny_new, ["a"], 1e-3) != []
+    assert rerun.compare_metrics(tiny_old, tiny_new, ["a"], 1e-3, atol=1e-6) == []
+    assert rerun.compare_metrics(tiny_old, tiny_new, ["a"], 1e-3) != []
 
 
 def test_bad_record_is_a_user_error(tmp_path: Path) -> None:
@@ -151,7 +151,7 @@ def test_bad_record_is_a_user_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="not a run record"):
         provenance.cli_main(["verify", str(tmp_path)])
     with pytest.raises(UserError, match="not found"):
-        provenance.rerun_main([str(tmp_path / "nope.json"), "--out", str(tmp_path / "o")])
+        rerun.rerun_main([str(tmp_path / "nope.json"), "--out", str(tmp_path / "o")])
 
 
 @pytest.mark.slow

@@ -9,10 +9,15 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from engine import plan as engine_plan
+from engine import preflight as engine_preflight
 from engine import recipe as engine_recipe
 from engine.errors import UserError
 
-RECIPES = dict(engine_recipe.list_recipes())
+try:
+    RECIPES = dict(engine_recipe.list_recipes())
+except UserError as err:
+    sys.exit(f"error: {err}")
 # target rule -> recipe; `run` takes its recipe from --config recipe=NAME
 TARGETS = {
     "run_qwen35_35b": "qwen35_35b",
@@ -40,6 +45,10 @@ def validate_config(schema_path):
         fail(
             f"--config recipe={config['recipe']}: no such recipe; known: {', '.join(RECIPES)}"
         )
+    if config.get("recipe") is not None:
+        resolved(
+            config["recipe"]
+        )  # preflight now; target rules' recipes when the DAG is built
 
 
 def python():
@@ -63,12 +72,25 @@ def resolved(name):
             fail(
                 f"recipe {name} runs on {'/'.join(devices)}, not {device}; pass --config device={devices[0]}"
             )
-        return (
-            engine_recipe.load(name, device=device, sets=base_sets(name, device)),
-            device,
-        )
+        loaded = engine_recipe.load(name, device=device, sets=base_sets(name, device))
+        # the plan checks of `preflight`, before any job: a bad plan must not fail on the cluster
+        engine_preflight.require_ok(engine_plan.compile_recipe(loaded))
+        return loaded, device
     except UserError as err:
         fail(f"recipe {name}: {err}")
+
+
+@functools.cache
+def checked_smoke(name):
+    """The smoke's own plan (fewer steps, a smaller batch) passes preflight too."""
+    recipe, device = resolved(name)
+    try:
+        sets = base_sets(name, device) + smoke_sets(name)
+        smoke = engine_recipe.load(name, device=device, sets=sets)
+        engine_preflight.require_ok(engine_plan.compile_recipe(smoke))
+    except UserError as err:
+        fail(f"recipe {name} (smoke): {err}")
+    return sets
 
 
 def nodes(device):
@@ -108,7 +130,7 @@ def smoke_sets(name):
 def launch_command(name, kind):
     """The argv of one run: `engine run` on one node, a Ray cluster bring-up on several."""
     recipe, device = resolved(name)
-    sets = base_sets(name, device) + (smoke_sets(name) if kind == "smoke" else [])
+    sets = checked_smoke(name) if kind == "smoke" else base_sets(name, device)
     tail = [name, "--device", device]
     for item in sets:
         tail += ["--set", item]
