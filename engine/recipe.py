@@ -267,20 +267,41 @@ FLAT_MAPPINGS = {"env", "verl_overrides"}
 
 
 def recipe_dir() -> Path:
-    """Recipes ship beside the package in the repo; images point ENGINE_RECIPE_DIR at their copy."""
-    env = os.environ.get("ENGINE_RECIPE_DIR")
-    if env:
-        return Path(env)
-    beside = Path(__file__).resolve().parent.parent / "recipes"
-    return beside if beside.is_dir() else Path.cwd() / "recipes"
+    """The recipes shipped with the engine: package data in a wheel, `recipes/` in a checkout."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "_recipes"
+    return packaged if packaged.is_dir() else here.parent / "recipes"
+
+
+def recipe_dirs() -> list[Path]:
+    """Where recipe names are looked up, first match wins: ENGINE_RECIPE_DIR (user recipes, one or
+    more directories separated by os.pathsep), then the shipped recipes."""
+    dirs = []
+    for entry in filter(None, os.environ.get("ENGINE_RECIPE_DIR", "").split(os.pathsep)):
+        if not Path(entry).is_dir():
+            raise UserError(f"ENGINE_RECIPE_DIR: '{entry}' is not a directory; fix or unset it")
+        dirs.append(Path(entry))
+    return [*dirs, recipe_dir()]
+
+
+def _recipe_files() -> dict[str, Path]:
+    """name -> file of every known recipe; a user recipe hides a shipped one of the same name."""
+    found: dict[str, Path] = {}
+    for folder in recipe_dirs():
+        for path in sorted(folder.glob("*.yaml")):
+            found.setdefault(path.stem, path)
+    if not found:
+        where = ", ".join(str(d) for d in recipe_dirs())
+        raise UserError(f"no recipes found in {where}; reinstall the engine or set ENGINE_RECIPE_DIR")
+    return found
 
 
 def list_recipes() -> list[tuple[str, str]]:
     rows = []
-    for path in sorted(recipe_dir().glob("*.yaml")):
-        raw = _read_yaml(path)
-        rows.append((path.stem, str(raw.get("description", "")).strip().splitlines()[0:1] or [""]))
-    return [(name, desc[0]) for name, desc in rows]
+    for name, path in sorted(_recipe_files().items()):
+        description = str(_read_yaml(path).get("description", "")).strip().splitlines()
+        rows.append((name, description[0] if description else ""))
+    return rows
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -310,13 +331,12 @@ def _resolve_path(ref: str, relative_to: Path | None) -> Path:
         if not path.is_absolute() and relative_to is not None and not path.exists():
             path = relative_to / path
         return path
-    path = recipe_dir() / f"{ref}.yaml"
-    if not path.exists():
-        names = [p.stem for p in recipe_dir().glob("*.yaml")]
-        close = difflib.get_close_matches(ref, names, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else f"; known: {', '.join(sorted(names))}"
+    known = _recipe_files()
+    if ref not in known:
+        close = difflib.get_close_matches(ref, list(known), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else f"; known: {', '.join(sorted(known))}"
         raise UserError(f"unknown recipe '{ref}'{hint}")
-    return path
+    return known[ref]
 
 
 def _check_keys(data: dict[str, Any], model: type[BaseModel], source: str, prefix: str = "") -> None:
@@ -435,7 +455,10 @@ def load(ref: str, device: str | None = None, sets: list[str] | tuple[str, ...] 
             f"recipe '{path.stem}' supports devices {', '.join(map(str, devices))}; "
             f"pass --device {devices[0]}"
         )
-    profile_path = recipe_dir() / "profiles" / f"{device}.yaml"
+    profile_path = next(
+        (p for d in recipe_dirs() if (p := d / "profiles" / f"{device}.yaml").exists()),
+        recipe_dir() / "profiles" / f"{device}.yaml",
+    )
     profile = _read_yaml(profile_path) if profile_path.exists() else {}
     _check_keys(profile, Recipe, str(profile_path))
     data = _merge(_merge(profile, data), {"name": path.stem, "cluster": {"device": device}})
