@@ -33,8 +33,12 @@ class Model(Section):
     path: str = Field(
         min_length=1, description="local directory of the Hugging Face checkpoint (~ and $VARS expand)"
     )
-    use_remove_padding: bool = True
-    gradient_checkpointing: bool = False
+    use_remove_padding: bool = Field(
+        True, description="pack sequences without padding (rmpad) in the actor and ref forward"
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="activation checkpointing of the HF model (enable_gradient_checkpointing)"
+    )
     attn_implementation: str | None = Field(None, description="override_config.attn_implementation")
 
 
@@ -45,25 +49,39 @@ class Data(Section):
     train_files: str = Field(
         min_length=1, description="verl RL parquet (~ and $VARS expand; relative to the working dir)"
     )
-    val_files: str = Field(min_length=1)
-    train_batch_size: int = Field(gt=0)
-    max_prompt_length: int = Field(gt=0)
-    max_response_length: int = Field(gt=0)
-    filter_overlong_prompts: bool = True
-    truncation: Literal["error", "left", "right", "middle"] = "error"
+    val_files: str = Field(
+        min_length=1, description="validation parquet, same expansion rules as train_files"
+    )
+    train_batch_size: int = Field(gt=0, description="prompts per GRPO step (each sampled rollout.n times)")
+    max_prompt_length: int = Field(
+        gt=0, description="prompt tokens; longer prompts are filtered or truncated (see truncation)"
+    )
+    max_response_length: int = Field(gt=0, description="generated tokens per response")
+    filter_overlong_prompts: bool = Field(
+        True, description="drop prompts longer than max_prompt_length before training"
+    )
+    truncation: Literal["error", "left", "right", "middle"] = Field(
+        "error", description="what to do with an overlong prompt that was not filtered"
+    )
     image_key: str | None = Field("images", description="column holding images; null for text-only data")
-    shuffle: bool = False
-    dataloader_num_workers: int | None = Field(None, ge=0)
+    shuffle: bool = Field(False, description="shuffle the training set each epoch")
+    dataloader_num_workers: int | None = Field(
+        None, ge=0, description="verl dataloader workers; null keeps verl's default"
+    )
 
 
 class Algorithm(Section):
-    adv_estimator: Literal["grpo", "gae", "rloo", "reinforce_plus_plus", "remax"] = "grpo"
-    use_kl_in_reward: bool = False
+    adv_estimator: Literal["grpo", "gae", "rloo", "reinforce_plus_plus", "remax"] = Field(
+        "grpo", description="advantage estimator; grpo normalises rewards inside each prompt's group"
+    )
+    use_kl_in_reward: bool = Field(
+        False, description="subtract a KL penalty from the reward (GRPO uses the KL loss instead)"
+    )
 
 
 class Optim(Section):
-    lr: float = Field(gt=0)
-    optimizer: str = "AdamW"
+    lr: float = Field(gt=0, description="actor learning rate")
+    optimizer: str = Field("AdamW", description="torch.optim class name used by verl")
 
 
 class Actor(Section):
@@ -71,45 +89,85 @@ class Actor(Section):
         description="verl engine backend; ref follows it"
     )
     optim: Optim
-    ppo_mini_batch_size: int = Field(gt=0)
-    ppo_micro_batch_size_per_device: int = Field(gt=0)
-    use_kl_loss: bool = True
-    kl_loss_coef: float = 0.01
-    kl_loss_type: str = "low_var_kl"
-    entropy_coeff: float = 0
-    use_dynamic_bsz: bool = False
-    entropy_from_logits_with_chunking: bool = True
-    use_torch_compile: bool = False
-    reshard_after_forward: bool = True
-    entropy_checkpointing: bool = True
+    ppo_mini_batch_size: int = Field(
+        gt=0, description="prompts per optimizer step; train_batch_size must be a multiple of it"
+    )
+    ppo_micro_batch_size_per_device: int = Field(
+        gt=0, description="sequences per forward/backward on one device (gradient accumulation unit)"
+    )
+    use_kl_loss: bool = Field(
+        True, description="add a KL term to the reference policy to the actor loss (GRPO)"
+    )
+    kl_loss_coef: float = Field(0.01, description="weight of the KL loss")
+    kl_loss_type: str = Field("low_var_kl", description="KL estimator, e.g. low_var_kl (k3), kl, mse")
+    entropy_coeff: float = Field(0, description="entropy bonus weight; 0 disables it")
+    use_dynamic_bsz: bool = Field(
+        False, description="pack micro-batches by token count instead of a fixed sequence count"
+    )
+    entropy_from_logits_with_chunking: bool = Field(
+        True, description="compute entropy over chunks of the vocabulary (less peak memory)"
+    )
+    use_torch_compile: bool = Field(False, description="torch.compile the actor model")
+    reshard_after_forward: bool = Field(
+        True, description="FSDP frees gathered parameters after forward (less memory, more communication)"
+    )
+    entropy_checkpointing: bool = Field(
+        True, description="recompute entropy in backward instead of keeping it"
+    )
     offload_policy: bool = Field(
         True, description="FSDP2 CPU offload; with fsdp_turbo it alone decides offload"
     )
-    param_offload: bool = True
-    optimizer_offload: bool = True
+    param_offload: bool = Field(True, description="keep actor parameters in host memory between phases")
+    optimizer_offload: bool = Field(True, description="keep optimizer state in host memory between steps")
 
 
 class Ref(Section):
-    log_prob_micro_batch_size_per_device: int = Field(gt=0)
-    entropy_from_logits_with_chunking: bool = True
-    use_torch_compile: bool = False
-    reshard_after_forward: bool = True
-    offload_policy: bool = True
-    param_offload: bool = True
+    log_prob_micro_batch_size_per_device: int = Field(
+        gt=0, description="sequences per reference log-prob forward on one device"
+    )
+    entropy_from_logits_with_chunking: bool = Field(
+        True, description="as actor.entropy_from_logits_with_chunking, for the reference model"
+    )
+    use_torch_compile: bool = Field(False, description="torch.compile the reference model")
+    reshard_after_forward: bool = Field(
+        True, description="FSDP frees gathered reference parameters after forward"
+    )
+    offload_policy: bool = Field(True, description="FSDP2 CPU offload of the reference model")
+    param_offload: bool = Field(True, description="keep reference parameters in host memory between uses")
 
 
 class Rollout(Section):
-    name: Literal["vllm", "hf"] = "vllm"
+    name: Literal["vllm", "hf"] = Field(
+        "vllm",
+        description="generation engine: vllm (verl's async server) or hf (the engine's transformers rollout)",
+    )
     n: int = Field(gt=0, description="responses per prompt (the GRPO group size)")
-    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
-    ignore_eos: bool = False
-    log_prob_micro_batch_size_per_device: int = Field(1, gt=0)
-    enable_chunked_prefill: bool = True
-    max_num_batched_tokens: int = Field(8192, gt=0)
-    free_cache_engine: bool = True
-    enforce_eager: bool = False
-    enable_prefix_caching: bool = False
-    update_weights_bucket_megabytes: int | None = Field(None, gt=0)
+    gpu_memory_utilization: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="fraction of device memory the rollout engine may take (weights + KV cache)",
+    )
+    ignore_eos: bool = Field(
+        False, description="keep generating past end-of-sequence up to max_response_length"
+    )
+    log_prob_micro_batch_size_per_device: int = Field(
+        1, gt=0, description="sequences per old-log-prob forward on one device"
+    )
+    enable_chunked_prefill: bool = Field(True, description="vLLM chunked prefill")
+    max_num_batched_tokens: int = Field(
+        8192, gt=0, description="vLLM tokens per scheduler step; at least the longest prompt + response"
+    )
+    free_cache_engine: bool = Field(
+        True, description="release the KV cache between rollouts so training can use the memory"
+    )
+    enforce_eager: bool = Field(False, description="vLLM without CUDA graphs (slower decode, faster start)")
+    enable_prefix_caching: bool = Field(
+        False, description="vLLM prefix caching across the n samples of a prompt"
+    )
+    update_weights_bucket_megabytes: int | None = Field(
+        None, gt=0, description="bucket size of the actor-to-rollout weight sync; null keeps verl's default"
+    )
     vllm_engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="+engine_kwargs.vllm.*")
 
 
@@ -118,7 +176,9 @@ class Parallel(Section):
     ep: int = Field(1, gt=0, description="expert parallel size (MoE only)")
     cp: int = Field(1, gt=0, description="context parallel size (Turbo Ulysses)")
     rollout_tp: int = Field(1, gt=0, description="rollout tensor parallel size")
-    ep_dispatcher: Literal["eager", "fused", "mc2", "domino", "moonep"] = "eager"
+    ep_dispatcher: Literal["eager", "fused", "mc2", "domino", "moonep"] = Field(
+        "eager", description="FSDPTurbo token dispatcher of expert parallelism"
+    )
     verl_sp: int = Field(1, gt=0, description="verl's own Ulysses SP; must stay 1 with fsdp_turbo")
 
 
@@ -128,7 +188,9 @@ class Turbo(Section):
 
 class Cluster(Section):
     device: Device = Field(description="set by --device")
-    nodes: int = Field(1, gt=0)
+    nodes: int = Field(
+        1, gt=0, description="nodes of the run (trainer.nnodes); >1 needs a Ray cluster across them"
+    )
     devices_per_node: int = Field(gt=0, description="trainer.n_gpus_per_node")
     device_memory_gib: float = Field(
         gt=0, description="memory of one accelerator, for the preflight estimate"
@@ -136,19 +198,32 @@ class Cluster(Section):
 
 
 class Trainer(Section):
-    project_name: str
-    experiment_name: str
-    total_epochs: int = Field(15, gt=0)
+    project_name: str = Field(description="experiment tracker project")
+    experiment_name: str = Field(description="experiment tracker run name")
+    total_epochs: int = Field(
+        15, gt=0, description="passes over the training set (unless total_training_steps stops earlier)"
+    )
     total_training_steps: int | None = Field(None, gt=0, description="stop after N steps (else epochs)")
     save_freq: int = Field(description="save every N steps (and at the last step); -1 never")
-    test_freq: int = -1
-    val_before_train: bool = False
-    balance_batch: bool = False
-    critic_warmup: int = 0
-    logger: list[str] = Field(default_factory=lambda: ["console"])
+    test_freq: int = Field(-1, description="validate every N steps; -1 never")
+    val_before_train: bool = Field(False, description="validate once before the first step")
+    balance_batch: bool = Field(
+        False, description="reorder sequences so each data-parallel rank gets similar token counts"
+    )
+    critic_warmup: int = Field(
+        0, description="steps that train only the critic first (0 for GRPO, which has none)"
+    )
+    logger: list[str] = Field(
+        default_factory=lambda: ["console"], description="verl trackers, e.g. console, wandb, tensorboard"
+    )
     checkpoint_dir: str = Field(min_length=1, description="trainer.default_local_dir")
-    resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
-    max_actor_ckpt_to_keep: int | None = Field(None, gt=0)
+    resume_mode: Literal["auto", "disable", "resume_path"] = Field(
+        "auto",
+        description="auto: continue from the latest checkpoint in checkpoint_dir; disable: start fresh",
+    )
+    max_actor_ckpt_to_keep: int | None = Field(
+        None, gt=0, description="keep only the newest N actor checkpoints; null keeps all"
+    )
     save_hf_model: bool = Field(False, description="also save full HF weights in each checkpoint")
 
 
@@ -208,27 +283,43 @@ FLAT_MAPPINGS = {"env", "verl_overrides"}
 
 
 def recipe_dir() -> Path:
-    """Recipes ship beside the package in the repo; images point ENGINE_RECIPE_DIR at their copy."""
-    env = os.environ.get("ENGINE_RECIPE_DIR")
-    if env:
-        return Path(env)
-    beside = Path(__file__).resolve().parent.parent / "recipes"
-    return beside if beside.is_dir() else Path.cwd() / "recipes"
+    """The recipes shipped with the engine: package data in a wheel, `recipes/` in a checkout."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "_recipes"
+    return packaged if packaged.is_dir() else here.parent / "recipes"
+
+
+def recipe_dirs() -> list[Path]:
+    """Where recipe names are looked up, first match wins: ENGINE_RECIPE_DIR (user recipes, one or
+    more directories separated by os.pathsep, each holding recipes), then the shipped recipes."""
+    dirs = []
+    for entry in filter(None, os.environ.get("ENGINE_RECIPE_DIR", "").split(os.pathsep)):
+        if not Path(entry).is_dir():
+            raise UserError(f"ENGINE_RECIPE_DIR: '{entry}' is not a directory; fix or unset it")
+        if not any(Path(entry).glob("*.yaml")):
+            raise UserError(f"ENGINE_RECIPE_DIR: '{entry}' holds no *.yaml recipe; fix or unset it")
+        dirs.append(Path(entry))
+    return [*dirs, recipe_dir()]
+
+
+def _recipe_files() -> dict[str, Path]:
+    """name -> file of every known recipe; a user recipe hides a shipped one of the same name."""
+    found: dict[str, Path] = {}
+    for folder in recipe_dirs():
+        for path in sorted(folder.glob("*.yaml")):
+            found.setdefault(path.stem, path)
+    if not found:
+        where = ", ".join(str(d) for d in recipe_dirs())
+        raise UserError(f"no recipes found in {where}; reinstall the engine or set ENGINE_RECIPE_DIR")
+    return found
 
 
 def list_recipes() -> list[tuple[str, str]]:
-    directory = recipe_dir()
-    paths = sorted(directory.glob("*.yaml"))
-    if not paths:
-        where = "is not a directory" if not directory.is_dir() else "holds no *.yaml recipe"
-        raise UserError(
-            f"recipe directory {directory} {where}; point ENGINE_RECIPE_DIR at the recipes/ folder"
-        )
     rows = []
-    for path in paths:
-        raw = _read_yaml(path)
-        rows.append((path.stem, str(raw.get("description", "")).strip().splitlines()[0:1] or [""]))
-    return [(name, desc[0]) for name, desc in rows]
+    for name, path in sorted(_recipe_files().items()):
+        description = str(_read_yaml(path).get("description", "")).strip().splitlines()
+        rows.append((name, description[0] if description else ""))
+    return rows
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -250,13 +341,12 @@ def _resolve_path(ref: str, relative_to: Path | None) -> Path:
         if not path.is_absolute() and relative_to is not None and not path.exists():
             path = relative_to / path
         return path
-    path = recipe_dir() / f"{ref}.yaml"
-    if not path.exists():
-        names = [p.stem for p in recipe_dir().glob("*.yaml")]
-        close = difflib.get_close_matches(ref, names, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else f"; known: {', '.join(sorted(names))}"
+    known = _recipe_files()
+    if ref not in known:
+        close = difflib.get_close_matches(ref, list(known), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else f"; known: {', '.join(sorted(known))}"
         raise UserError(f"unknown recipe '{ref}'{hint}")
-    return path
+    return known[ref]
 
 
 def _check_keys(data: dict[str, Any], model: type[BaseModel], source: str, prefix: str = "") -> None:
@@ -377,7 +467,10 @@ def load(ref: str, device: str | None = None, sets: list[str] | tuple[str, ...] 
             f"recipe '{path.stem}' supports devices {', '.join(map(str, devices))}; "
             f"pass --device {devices[0]}"
         )
-    profile_path = recipe_dir() / "profiles" / f"{device}.yaml"
+    profile_path = next(
+        (p for d in recipe_dirs() if (p := d / "profiles" / f"{device}.yaml").exists()),
+        recipe_dir() / "profiles" / f"{device}.yaml",
+    )
     profile = _read_yaml(profile_path) if profile_path.exists() else {}
     _check_keys(profile, Recipe, str(profile_path))
     data = _merge(_merge(profile, data), {"name": path.stem, "cluster": {"device": device}})

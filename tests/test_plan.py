@@ -218,3 +218,21 @@ def test_unwritable_dict_keys_are_refused_with_the_verl_key_named(key: str) -> N
 
     with pytest.raises(UserError, match=r"verl key 'x\.y'"):
         plan.compile_recipe(recipe.load("tiny_cpu", "cpu", [f"verl_overrides.x.y={json.dumps({key: 1})}"]))
+
+
+def test_every_recipe_field_is_described() -> None:
+    """The reference has no empty rows: each key says what it means (as torchtitan and nf-core do)."""
+    from engine.recipe import MAPPING_FIELDS, Recipe, _section_type
+
+    missing = []
+
+    def walk(model: type, prefix: str) -> None:
+        for name, info in model.model_fields.items():
+            sub = _section_type(model, name)
+            if not info.description and (sub is None or name in MAPPING_FIELDS):
+                missing.append(prefix + name)
+            if sub is not None and name not in MAPPING_FIELDS:
+                walk(sub, f"{prefix}{name}.")
+
+    walk(Recipe, "")
+    assert missing == []
