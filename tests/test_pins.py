@@ -113,3 +113,17 @@ def test_pins_module_stays_light() -> None:
     code = "import sys, engine.pins; print(sorted(m for m in ('torch', 'verl', 'ray') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_image_pin_cites_what_validated_it() -> None:
+    """Each pinned package and base image of an image stack names its source (verl metadata, an image...)."""
+    loaded = pins.load_pins()
+    for name, stack in loaded["stacks"].items():
+        if stack.get("kind") != "image":
+            continue
+        cited = stack.get("validated_by", {})
+        missing = sorted(set(stack["packages"]) - set(cited)) + (
+            [] if "base_image" in cited else ["base_image"]
+        )
+        assert not missing, f"{name}: no validated_by entry for {missing}"
+        assert all(isinstance(v, str) and len(v) > 10 for v in cited.values())
