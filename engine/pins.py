@@ -183,7 +183,7 @@ def verl_extension(
 
 
 def _same_version(pinned: str, installed: str) -> bool:
-    """Pins name public versions; wheels may add a local label (torch 2.10.0+cu128)."""
+    """Pins name public versions; wheels may add a local label (torch 2.11.0+cu130)."""
     return installed.split("+", 1)[0] == pinned.split("+", 1)[0]
 
 

@@ -39,14 +39,15 @@ def test_cpu_stack_verifies_in_this_environment() -> None:
 
 
 def test_gpu_stack_drifts_here_and_allow_drift_exits_zero() -> None:
+    gpu = pins.load_pins()["stacks"]["gpu"]["packages"]
     strict = _verify("--stack", "gpu")
     assert strict.returncode == 1
-    assert "torch: pinned 2.10.0, installed 2.13.0" in strict.stderr
+    assert f"torch: pinned {gpu['torch']}, installed 2.13.0" in strict.stderr
     allowed = _verify("--stack", "gpu", "--allow-drift", "--json")
     assert allowed.returncode == 0
     record = json.loads(allowed.stdout)
     assert record["stack"] == "gpu" and not record["ok"]
-    assert record["expected"]["vllm"] == "0.18.0" and record["installed"]["vllm"] is None
+    assert record["expected"]["vllm"] == str(gpu["vllm"]) and record["installed"]["vllm"] is None
 
 
 def test_stack_defaults_to_image_env(tmp_path: Path) -> None:
@@ -78,7 +79,7 @@ def test_drift_compares_public_versions_and_flags_placeholders() -> None:
     assert pins.drift("cpu", installed, data) == ["transformers: pinned 5.10.4, installed 5.11.0"]
     gpu = pins.drift("gpu", installed, data)
     assert f"fsdp_turbo_commit: pinned {data['fsdp_turbo']['commit']}, not installed" in gpu
-    assert "vllm: pinned 0.18.0, not installed" in gpu
+    assert f"vllm: pinned {data['stacks']['gpu']['packages']['vllm']}, not installed" in gpu
 
 
 def test_every_pinned_package_is_looked_up_and_the_launch_env_names_the_extension() -> None:
