@@ -285,8 +285,9 @@ def write(
     repo = repo or Path(__file__).resolve().parent.parent
     snakefile = Path(workflow).resolve() if workflow else None
     record = build_record(run_dir, [Path(e) for e in exports], [Path(d) for d in data], repo, snakefile)
+    crate = json.dumps(scrub_obj(ro_crate(record)), indent=2) + "\n"  # before anything is written
     _write(run_dir / "provenance.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
-    _write(run_dir / "ro-crate-metadata.json", json.dumps(scrub_obj(ro_crate(record)), indent=2) + "\n")
+    _write(run_dir / "ro-crate-metadata.json", crate)
     _write(run_dir / "README.md", scrub(crate_readme(record)))
     return run_dir / "provenance.json"
 

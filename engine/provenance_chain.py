@@ -56,7 +56,8 @@ def steps(
 
     `run` is the train step's run.json; `model_config` the model files the record hashes as inputs.
     """
-    _need(snakefile, "workflow (the Snakefile)")
+    if not snakefile.is_file():
+        raise UserError(f"--workflow {snakefile}: no such file: pass the Snakefile that ran the chain")
     chain = run_dir.parent
     manifest_path = _need(chain / "data" / "manifest.json", "prepare_data step")
     manifest = json.loads(manifest_path.read_text())

@@ -10,6 +10,7 @@ claimed profile and at RECOMMENDED for ro-crate-1.1 and workflow-run-crate-0.5 (
 
 from __future__ import annotations
 
+import functools
 import mimetypes
 from pathlib import PurePosixPath
 from typing import Any
@@ -69,30 +70,28 @@ def encoding_format(path: str) -> str:
     return FORMATS.get(suffix) or mimetypes.guess_type(name)[0] or "application/octet-stream"
 
 
-def _project() -> dict[str, str]:
-    """The engine's own identity: source URL (the image label's), FSDPTurbo's repository."""
-    try:
-        from engine import pins
+@functools.cache
+def project() -> dict[str, str]:
+    """The engine's own identity from the pins: its source URL (the image label's), FSDPTurbo's repository."""
+    from engine import pins
 
-        loaded = pins.load_pins()
-        return {"source": loaded["image"]["source"], "fsdp_turbo": loaded["fsdp_turbo"]["repository"]}
-    except Exception:  # a record must not be lost for want of the pins file
-        return {"source": "https://pypi.org/project/qwen35-grpo-engine/", "fsdp_turbo": ""}
+    loaded = pins.load_pins()
+    return {"source": loaded["image"]["source"], "fsdp_turbo": loaded["fsdp_turbo"]["repository"]}
 
 
 def software(installed: dict[str, Any]) -> list[dict[str, Any]]:
     """Installed packages as SoftwareApplications with absolute ids (PyPI pages, or their repositories)."""
     from engine.pins import TRACKED
 
-    project = _project()
+    ours = project()
     entities = []
     for key, version in sorted(installed.items()):
         if not version or key.endswith("_commit"):
             continue
         if key == "engine":
-            url = project["source"]
-        elif key == "fsdp_turbo" and project["fsdp_turbo"]:
-            url = project["fsdp_turbo"]
+            url = ours["source"]
+        elif key == "fsdp_turbo" and ours["fsdp_turbo"]:
+            url = ours["fsdp_turbo"]
         else:
             url = PYPI.format(TRACKED.get(key, key))
         entity = {"@id": url, "@type": "SoftwareApplication", "name": key, "url": url}
@@ -107,7 +106,7 @@ def software(installed: dict[str, Any]) -> list[dict[str, Any]]:
 def people(record: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(reference to the agent, [Person, Organization]) from the record's `agent` and `publisher`."""
     publisher = record.get("publisher") or {}
-    org_id = publisher.get("url") or _project()["source"]
+    org_id = publisher.get("url") or project()["source"]
     org = {
         "@id": org_id,
         "@type": "Organization",
@@ -180,7 +179,7 @@ def run_action(record: dict[str, Any], instrument: str, agent: dict[str, Any]) -
 def image_entity(image: dict[str, Any]) -> list[dict[str, Any]]:
     if not (image.get("image") or image.get("digest")):
         return []
-    ref = str(image.get("image") or "")
+    ref = str(image.get("image") or "").split("@", 1)[0]  # a digest is recorded as sha256
     registry, _, rest = ref.partition("/") if "/" in ref else ("docker.io", "", ref)
     name, _, tag = rest.partition(":")
     entity = {

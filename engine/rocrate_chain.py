@@ -16,11 +16,11 @@ SNAKEMAKE_DOCS = "https://snakemake.readthedocs.io/"
 
 def tool_id(command: str) -> str:
     """Absolute id of an engine command (`python -m engine run` -> <source>#engine-run)."""
-    return f"{rocrate._project()['source']}#engine-{command.split()[-1]}"
+    return f"{rocrate.project()['source']}#engine-{command.split()[-1]}"
 
 
 def _tools(steps: list[dict[str, Any]], version: str) -> list[dict[str, Any]]:
-    source = rocrate._project()["source"]
+    source = rocrate.project()["source"]
     tools: dict[str, dict[str, Any]] = {}
     for step in steps:
         tools.setdefault(

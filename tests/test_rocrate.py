@@ -10,7 +10,7 @@ import pytest
 from rocrate_validation import WORKFLOW_FILE_ID_CHECK, check_all, claimed, validate
 from test_provenance import _fake_run
 
-from engine import provenance
+from engine import provenance, rocrate
 from engine.errors import UserError
 
 pytest.importorskip("rocrate_validator")
@@ -71,7 +71,7 @@ def test_run_crate_passes_the_validator(tmp_path: Path, monkeypatch: pytest.Monk
     assert unskipped and all(i.startswith(WORKFLOW_FILE_ID_CHECK) for i in unskipped), unskipped
     graph = _graph(run)
     assert graph["./"]["mainEntity"] == {"@id": "launch.sh"}
-    assert graph["./"]["publisher"] == {"@id": "https://github.com/qwen35-grpo/engine"}
+    assert graph["./"]["publisher"] == {"@id": rocrate.project()["source"]}
     assert graph["#run"]["actionStatus"] == "http://schema.org/CompletedActionStatus"
     assert (run / "README.md").read_text().startswith("# Run record of tiny_cpu")
 
