@@ -68,7 +68,12 @@ def test_run_crate_passes_the_validator(tmp_path: Path, monkeypatch: pytest.Monk
     }
     # the one RECOMMENDED check left out above fails on the main workflow file, and only there
     unskipped = validate(run, "workflow-run-crate-0.5", "RECOMMENDED", tmp_path / "cache")
-    assert unskipped and all(i.startswith(WORKFLOW_FILE_ID_CHECK) for i in unskipped), unskipped
+    assert all(i.startswith(WORKFLOW_FILE_ID_CHECK) for i in unskipped), unskipped
+    # reported per type: the main workflow is the only entity of these types
+    assert sorted(i.split()[2] for i in unskipped) == [
+        "http://schema.org/SoftwareSourceCode:",
+        "https://bioschemas.org/ComputationalWorkflow:",
+    ]
     graph = _graph(run)
     assert graph["./"]["mainEntity"] == {"@id": "launch.sh"}
     assert graph["./"]["publisher"] == {"@id": rocrate.project()["source"]}
