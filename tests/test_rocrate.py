@@ -13,8 +13,6 @@ from test_provenance import _fake_run
 from engine import provenance, rocrate
 from engine.errors import UserError
 
-pytest.importorskip("rocrate_validator")
-
 
 def _graph(run: Path) -> dict[str, dict]:
     return {n["@id"]: n for n in json.loads((run / "ro-crate-metadata.json").read_text())["@graph"]}
