@@ -20,6 +20,7 @@ from typing import Any
 from engine import fsutil, merge
 from engine.errors import ArgumentParser, OutputError, UserError
 from engine.hashing import sha256_file
+from engine.model_card import model_card
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".index.json", ".pt")
@@ -222,46 +223,6 @@ def _copy_hf_side_files(hf_dir: Path, tmp: Path, dtype_name: str) -> None:
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
-def model_card(report: dict[str, Any], record: dict[str, Any] | None) -> str:
-    """README.md: what the files are, how they were proven, and where they came from."""
-    lines = [
-        "---",
-        "library_name: transformers",
-        "tags: [grpo, verl, qwen3.5]",
-        "---",
-        "",
-        f"# {report['architecture']} exported from step {report['step']}",
-        "",
-        f"- checkpoint: `{report['checkpoint']}` (world size {report['world_size']}, meshes "
-        f"{', '.join('/'.join(m) for m in report['meshes']) or 'none'})",
-        f"- merge: `{report['method']}`, dtype {report['verification']['structure']['dtype']}",
-        f"- verified: {report['verification']['structure']['keys']} keys, shapes and dtypes against "
-        f"a meta-device {report['architecture']}; expert tensors in per-expert layout "
-        f"({report['verification']['structure']['expert_keys']} keys)",
-    ]
-    logits = report["verification"].get("logits")
-    if logits:
-        lines.append(
-            f"- logits on a fixed {logits['batch']} batch: "
-            f"max |diff| {logits['max_abs_diff_same_weights']:.2e}"
-            f" vs the checkpoint at export precision, relative {logits['max_rel_diff_full_precision']:.2e}"
-            " vs fp32"
-        )
-    if record:
-        git = record.get("git", {})
-        lines += [
-            "",
-            "## Provenance",
-            f"- recipe: {record.get('recipe', {}).get('name')}",
-            f"- git: {git.get('commit')} (dirty: {git.get('dirty')})",
-            f"- overrides sha256: {record.get('overrides_sha256')}",
-            f"- image: {record.get('container', {}).get('image')}",
-            f"- run: {record.get('start')} → {record.get('end')}, exit {record.get('exit_code')}",
-        ]
-    lines += ["", "Hashes of every file: `SHA256SUMS` (check with `sha256sum -c SHA256SUMS`).", ""]
-    return "\n".join(lines)
-
-
 def export(
     checkpoint: str | Path,
     out: str | Path,
@@ -328,7 +289,7 @@ def export(
             "verification": verification,
             "seconds": round(time.time() - started, 2),
         }
-        (tmp / "README.md").write_text(model_card(report, rec))
+        (tmp / "README.md").write_text(model_card(report, actor, rec))
         (tmp / "export.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
         with _progress() as progress:
             for f in sorted(tmp.iterdir()):

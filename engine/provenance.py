@@ -25,7 +25,7 @@ from engine.errors import ArgumentParser, UserError
 from engine.hashing import sha256_file
 from engine.plan import overrides_digest
 from engine.redact import redact_env, scrub, scrub_obj
-from engine.rocrate import ro_crate
+from engine.rocrate import crate_readme, ro_crate
 
 SCHEMA = "qwen35-grpo-engine/provenance/1"
 
@@ -130,12 +130,18 @@ def _rel(path: Path, base: Path) -> str:
         return str(path.resolve())
 
 
-def _file_entries(paths: list[tuple[Path, str]], base: Path) -> list[dict[str, Any]]:
+def _file_entries(paths: list[tuple[Path, str]], base: Path, seen: set[Path]) -> list[dict[str, Any]]:
+    """Hash each file once (`seen` spans inputs, outputs and run files; the first role wins)."""
     from rich.progress import Progress
 
-    files = [
-        (f, role) for p, role in paths for f in (sorted(p.rglob("*")) if p.is_dir() else [p]) if f.is_file()
-    ]
+    from engine.provenance_chain import files_of
+
+    files = []
+    for p, role in paths:
+        for f in files_of([p]):
+            if f.resolve() not in seen:
+                seen.add(f.resolve())
+                files.append((f, role))
     entries = []
     with Progress(transient=True) as progress:
         task = progress.add_task("hashing", total=sum(f.stat().st_size for f, _ in files) or 1)
@@ -160,8 +166,11 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     ]
 
 
-def build_record(run_dir: Path, exports: list[Path], data: list[Path], repo: Path) -> dict[str, Any]:
-    """Everything the record says about one run directory."""
+def build_record(
+    run_dir: Path, exports: list[Path], data: list[Path], repo: Path, snakefile: Path | None = None
+) -> dict[str, Any]:
+    """Everything the record says about one run directory (`snakefile`: it ran in the Snakemake chain)."""
+    from engine import provenance_chain
 
     fix = "the run directory must hold what `python -m engine run` wrote there"
     run = fsutil.read_json(run_dir / "run.json", "run record", fix)
@@ -185,6 +194,12 @@ def build_record(run_dir: Path, exports: list[Path], data: list[Path], repo: Pat
         inputs.append((repo / model_path / "config.json", "model_config"))
     outputs = [(run_dir / "checkpoints", "checkpoint")] if (run_dir / "checkpoints").is_dir() else []
     outputs += [(e, "export") for e in exports]
+    steps: list[dict[str, Any]] = []
+    if snakefile is not None:
+        configs = [p for p, role in inputs if role == "model_config"]
+        chained, steps = provenance_chain.steps(run_dir, exports, snakefile, run, configs)
+        inputs = chained + inputs
+    seen: set[Path] = set()
     rows = read_metrics(run_dir / "metrics.jsonl")
     try:
         snakemake = metadata.version("snakemake")
@@ -214,8 +229,10 @@ def build_record(run_dir: Path, exports: list[Path], data: list[Path], repo: Pat
         "environment": redact_env(os.environ) | redact_env(run.get("env", {})),
         "snakemake": snakemake,
         "python": sys.version.split()[0],
-        "inputs": _file_entries(inputs, run_dir),
-        "outputs": _file_entries(outputs, run_dir),
+        "agent": provenance_chain.agent(repo),
+        "publisher": provenance_chain.publisher(),
+        "inputs": _file_entries(inputs, run_dir, seen),
+        "outputs": _file_entries(outputs, run_dir, seen),
         "run_files": _file_entries(
             [
                 (run_dir / n, "run")
@@ -230,6 +247,7 @@ def build_record(run_dir: Path, exports: list[Path], data: list[Path], repo: Pat
                 if (run_dir / n).is_file()
             ],
             run_dir,
+            seen,
         ),
         "metrics": {
             "file": "metrics.jsonl",
@@ -238,6 +256,15 @@ def build_record(run_dir: Path, exports: list[Path], data: list[Path], repo: Pat
             "per_step": rows,
         },
     }
+    if snakefile is not None:
+        rel = {"object", "result"}
+        record["workflow"] = {
+            "engine": {"name": "snakemake", "version": snakemake},
+            "snakefile": _rel(snakefile, run_dir),
+            "steps": [
+                {k: [_rel(p, run_dir) for p in v] if k in rel else v for k, v in s.items()} for s in steps
+            ],
+        }
     return scrub_obj(record)
 
 
@@ -264,7 +291,9 @@ def write(
     data: list[Path] = (),  # type: ignore[assignment]
     repo: Path | None = None,
     force: bool = False,
+    workflow: Path | None = None,
 ) -> Path:
+    """provenance.json, ro-crate-metadata.json and the crate's README.md in RUN_DIR."""
     run_dir = run_dir.resolve()
     if not run_dir.is_dir():
         raise UserError(f"run directory {run_dir} does not exist: pass the --out of `python -m engine run`")
@@ -275,16 +304,18 @@ def write(
             if not Path(path).exists():
                 raise UserError(f"{flag} {path}: no such file or directory; fix the path or leave it out")
     repo = repo or Path(__file__).resolve().parent.parent
-    for name in ("provenance.json", "ro-crate-metadata.json"):
+    for name in ("provenance.json", "ro-crate-metadata.json", "README.md"):
         fsutil.check_out_file(run_dir / name, "record", reuse=lambda _: None)
-    record = build_record(run_dir, [Path(e) for e in exports], [Path(d) for d in data], repo)
+    snakefile = Path(workflow).resolve() if workflow else None
+    record = build_record(run_dir, [Path(e) for e in exports], [Path(d) for d in data], repo, snakefile)
     target = run_dir / "provenance.json"
     if target.exists() and not force:
         fsutil.check_out_file(target, "record", reuse=lambda path: _not_poorer(path, record))
-    crate = json.dumps(scrub_obj(ro_crate(record)), indent=2) + "\n"
-    # callers pass structures already through scrub_obj; the crate names the record, so it goes last
+    crate = json.dumps(scrub_obj(ro_crate(record)), indent=2) + "\n"  # rendered before anything is written
+    readme = scrub(crate_readme(record))
     fsutil.atomic_write(target, json.dumps(record, indent=2, sort_keys=True) + "\n")
     fsutil.atomic_write(run_dir / "ro-crate-metadata.json", crate)
+    fsutil.atomic_write(run_dir / "README.md", readme)
     return target
 
 
@@ -328,12 +359,18 @@ def cli_main(argv: list[str]) -> int:
     w.add_argument("--export", action="append", default=[], help="exported model dir to hash (repeatable)")
     w.add_argument("--data", action="append", default=[], help="extra input file to hash (repeatable)")
     w.add_argument("--force", action="store_true", help="replace a record that names more files")
+    w.add_argument(
+        "--workflow",
+        help="the Snakefile that ran RUN_DIR as its train step: record every step of the chain "
+        "(data/, smoke/, RUN_DIR, --export) as a Provenance Run Crate",
+    )
     v = sub.add_parser("verify", help="re-hash what a record names; exit 1 on any mismatch")
     v.add_argument("record")
     args = parser.parse_args(argv)
     if args.action == "write":
         exports, data = [Path(e) for e in args.export], [Path(d) for d in args.data]
-        path = write(Path(args.run_dir), exports, data, force=args.force)
+        workflow = Path(args.workflow) if args.workflow else None
+        path = write(Path(args.run_dir), exports, data, force=args.force, workflow=workflow)
         record = json.loads(path.read_text())
         n = len(record["inputs"]) + len(record["outputs"]) + len(record["run_files"])
         print(f"provenance: {path} ({n} files hashed, git {str(record['git'].get('commit'))[:12]})")

@@ -171,6 +171,8 @@ def test_image_builds_and_runs_the_engine() -> None:
     assert labels["org.opencontainers.image.revision"] == "localtest"
     assert labels["io.qwen35-grpo.pins.vllm"] == PINS["stacks"]["gpu"]["packages"]["vllm"]
     assert labels["io.qwen35-grpo.pins.fsdp-turbo"] == localtest.STUB_COMMIT
+    assert labels["org.opencontainers.image.licenses"] == PINS["image"]["licenses"]
+    assert labels["io.qwen35-grpo.notice"].startswith("/opt/engine/NOTICE")
     assert result["user"] == "10001:10001" and result["id"].stdout.strip() == "10001"
     record = json.loads(result["verify_json"].stdout)
     assert result["verify_json"].returncode == 0 and record["stack"] == "gpu"

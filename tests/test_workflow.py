@@ -128,6 +128,24 @@ def _engine_run_pid(parent: int, rundir: str) -> int | None:
     return None
 
 
+def _check_records(results: Path, cache: Path) -> None:
+    """The chain's run crate passes rocrate-validator as a Provenance Run Crate (one action per step),
+    and the export's README.md parses as a Hugging Face model card pointing to the record."""
+    from huggingface_hub import ModelCard
+    from rocrate_validation import check_all, claimed
+
+    train = results / "train"
+    assert "provenance-run-crate-0.5" in claimed(train)
+    found = check_all(train, cache)
+    assert not any(found.values()), found
+    crate = json.loads((train / "ro-crate-metadata.json").read_text())
+    steps = [n["name"] for n in crate["@graph"] if n.get("@type") == "HowToStep"]
+    assert steps == ["prepare_data", "smoke", "train", "export"]
+    card = ModelCard.load(results / "export" / "README.md")
+    assert card.data.license == "apache-2.0" and card.data.library_name == "transformers"
+    assert f"`{train.resolve() / 'provenance.json'}`" in card.text
+
+
 @pytest.mark.slow
 def test_smoke_cpu_chain_noop_rerun_and_resume_after_kill(tmp_path: Path) -> None:
     """Real chain on CPU: data, 1-step smoke, 3-step train (killed after step 1, then resumed),
@@ -164,6 +182,7 @@ def test_smoke_cpu_chain_noop_rerun_and_resume_after_kill(tmp_path: Path) -> Non
     export = work / "results/tiny_cpu/export"
     assert (export / "model.safetensors").is_file() and (export / "config.json").is_file()
     assert (work / "results/tiny_cpu/train/provenance.json").is_file()
+    _check_records(work / "results/tiny_cpu", tmp_path / "validator-cache")
     assert (work / "results/tiny_cpu/report/curves.png").stat().st_size > 10_000
     for rule in FIVE:
         assert (work / f"results/tiny_cpu/logs/{rule}.log").exists()

@@ -37,6 +37,8 @@ rule provenance:
     params:
         rundir=subpath(input.run, parent=True),
         python=python(),
+        # every step of the chain goes into the record (data/, smoke/, train/, export/)
+        snakefile=workflow.main_snakefile,
     shell:
         "{params.python} -m engine provenance write {params.rundir} --export {input.export} "
-        "--data {input.manifest} --data {input.train} --data {input.test} --data {input.smoke} > {log} 2>&1"
+        "--workflow {params.snakefile} > {log} 2>&1"
