@@ -28,7 +28,12 @@ def actionlint(*files: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_workflows_are_actionlint_clean() -> None:
-    assert WORKFLOWS == ["ci/github/gpu-smoke.yml", "ci/github/images.yml", "ci/github/npu-nightly.yml"]
+    assert WORKFLOWS == [
+        "ci/github/gpu-smoke.yml",
+        "ci/github/images.yml",
+        "ci/github/lock-drift.yml",
+        "ci/github/npu-nightly.yml",
+    ]
     result = actionlint(*WORKFLOWS)
     assert result.returncode == 0, result.stdout + result.stderr
 
