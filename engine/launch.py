@@ -27,6 +27,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from engine import gates
 from engine.errors import UserError
 from engine.models import TINY, TINY_MOE
 from engine.redact import redact_env, scrub, secret_values
@@ -236,6 +237,9 @@ def run_main(argv: list[str]) -> int:
     last = max((int(row["step"]) for row in rows), default=0)
     saved = saved_step(Path(p.value("trainer.default_local_dir")))
     result, trained = outcome(code, rows, total, saved)
+    checks = gates.evaluate(rows, r.cluster.device, r.name)
+    if result == 0 and gates.failed(checks):
+        result = gates.EXIT_GATE_FAILED
     status = "ok" if result == 0 else "failed"
     record = {
         "recipe": r.name,
@@ -252,12 +256,18 @@ def run_main(argv: list[str]) -> int:
         "checkpoint_step": saved,
         "target_steps": total,
         "status": status,
+        "gates": [check.as_dict() for check in checks],
     }
     _atomic_write(out / "run.json", json.dumps(record, indent=2) + "\n")
+    for check, line in zip(checks, gates.summary_lines(checks), strict=True):
+        console.print(line, style={"pass": "green", "fail": "red"}.get(check.status, "dim"), markup=False)
     if code != 0:
         tail = (out / "train.log").read_text(errors="replace").splitlines()[-25:]
         console.print("\n".join(tail), markup=False, style="dim")
         console.print(f"verl exited with {code}; full log: {out / 'train.log'}", style="red")
+    elif result == gates.EXIT_GATE_FAILED:
+        names = ", ".join(check.name for check in gates.failed(checks))
+        console.print(f"trained, but the correctness gate(s) {names} failed; {out / 'run.json'}", style="red")
     elif result != 0:
         console.print(
             f"verl exited 0 but this launch logged {len(rows)} step(s), last step {last} of {total}, and the "
