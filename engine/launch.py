@@ -174,6 +174,7 @@ def _copy_scrubbed(source: Any, log: Any, secrets: list[str]) -> None:
 
 
 RAY_START_TIMEOUT = "The current node timed out during startup"
+RAY_START_ATTEMPTS = 3  # seen failing twice in a row on 2 cores at load average 20-28
 
 
 def _ray_start_timed_out(log_path: Path) -> bool:
@@ -228,11 +229,11 @@ def run_main(argv: list[str]) -> int:
     r = p.recipe
     console.print(f"[bold]{r.name}[/bold] on {r.cluster.device} x{p.world_size}: log {out / 'train.log'}")
     started, t0 = _now(), time.monotonic()
-    for attempt in (1, 2):
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
         code = execute(p.command, launch_env(p, out), out / "train.log", out / "metrics.jsonl", total)
-        if attempt == 2 or code == 0 or not _ray_start_timed_out(out / "train.log"):
+        if attempt == RAY_START_ATTEMPTS or code == 0 or not _ray_start_timed_out(out / "train.log"):
             break
-        console.print("Ray's node did not come up within its fixed 30 s (machine overloaded?); retrying once")
+        console.print("Ray's node did not come up within its fixed 30 s (machine overloaded?); retrying")
     rows = read_metrics(out / "metrics.jsonl")
     last = max((int(row["step"]) for row in rows), default=0)
     saved = saved_step(Path(p.value("trainer.default_local_dir")))

@@ -119,7 +119,6 @@ def test_sigkilled_and_resumed_run_equals_an_uninterrupted_one(assets: Path, tmp
     done = finish(resumed_dir, assets)  # resumed at the epoch boundary
     record = json.loads((resumed_dir / "run.json").read_text())
     assert record["status"] == "ok" and record["steps_done"] == 2 and record["last_step"] == STEPS
-    assert "Resuming from" in (resumed_dir / "train.log").read_text(errors="replace")
     assert "gate learning: SKIP" in done.stdout  # this launch began at step 3
 
     last = read_metrics(resumed_dir / "metrics.jsonl")
