@@ -144,9 +144,10 @@ def learning(rows: list[dict[str, Any]], criterion: Learning | None) -> GateResu
         return GateResult(name, SKIP, "no learning criterion for this recipe")
     steps = _steps(rows)
     k = criterion.window
-    if not steps or steps[0][0] != 1:
-        first = steps[0][0] if steps else None
-        detail = f"this launch began at step {first}; the criterion needs the run from step 1"
+    if not steps:
+        return GateResult(name, SKIP, "no steps logged")
+    if steps[0][0] != 1:
+        detail = f"this launch began at step {steps[0][0]}; the criterion needs the run from step 1"
         return GateResult(name, SKIP, detail)
     if len(steps) < 2 * k:
         return GateResult(name, SKIP, f"{len(steps)} steps logged; the criterion needs {2 * k}")

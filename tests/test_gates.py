@@ -94,6 +94,8 @@ def test_learning_criterion() -> None:
     resumed = rising(30, 0.0, 1.0)[10:]  # a launch that resumed at step 11
     assert gates.learning(resumed, LEARN).status == gates.SKIP
     assert gates.learning(rising(30, 0.0, 1.0), None).status == gates.SKIP
+    assert gates.learning([], LEARN).detail == "no steps logged"  # e.g. the checkpoint was already final
+    assert [r.status for r in gates.evaluate([], "cpu", "tiny_cpu_learn")] == [gates.SKIP] * 4
 
 
 def test_results_serialise_for_the_run_record() -> None:
