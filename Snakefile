@@ -1,6 +1,7 @@
 # GRPO of Qwen3.5 on verl's fsdp_turbo backend, one recipe per run:
 #   prepare_data -> smoke -> train -> export -> provenance   (outputs under results/<recipe>/)
-# `snakemake smoke_cpu` runs the tiny recipe end to end on a laptop; `snakemake run_qwen35_35b
+# `snakemake smoke_cpu` runs the tiny recipe end to end on a laptop (`learn_cpu`: the 30-step run whose
+# reward must rise, with its learning curve in the report); `snakemake run_qwen35_35b
 # --profile profiles/slurm_gpu --config nodes=2` the full run on a cluster. See docs/workflow.md.
 
 from snakemake.utils import min_version, validate
@@ -35,6 +36,11 @@ include: "workflow/rules/report.smk"
 rule smoke_cpu:
     input:
         targets(TARGETS["smoke_cpu"]),
+
+
+rule learn_cpu:
+    input:
+        targets(TARGETS["learn_cpu"]),
 
 
 rule run_qwen35_35b:

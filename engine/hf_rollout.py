@@ -11,8 +11,9 @@ this module supplies the smallest server verl's agent loop can talk to:
 - `HFServerAdapter` (inside each FSDP worker): drains verl's per-tensor weight generator on every rank
   (the generator runs collectives) and the replica's leader pushes the tensors to its server.
 
-Sampling is seeded per request from (rollout seed, prompt tokens, how many times this prompt was seen),
-so outputs do not depend on the order in which concurrent requests arrive.
+Sampling is seeded per request from (rollout seed, trainer step of the weights, prompt tokens, how many
+times this prompt was seen since that sync), so outputs do not depend on the order in which concurrent
+requests arrive, and a resumed run samples the same tokens as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import ray
 import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+from engine import mutations
 
 SERVER_PREFIX = "hf_rollout_server"
 
@@ -125,9 +128,10 @@ class HFRolloutServer:
         unknown = sorted(set(weights) - set(own))
         if unknown:
             raise KeyError(f"hf rollout: {len(unknown)} synced tensors not in the model, e.g. {unknown[:3]}")
-        with torch.no_grad():
-            for name, tensor in weights.items():
-                own[name].copy_(tensor.to(own[name].dtype))
+        if not mutations.active(mutations.NO_WEIGHT_SYNC):  # test-only breakage: keep initial weights
+            with torch.no_grad():
+                for name, tensor in weights.items():
+                    own[name].copy_(tensor.to(own[name].dtype))
         self.weight_version += 1
         self.global_steps = global_steps
         self.seen.clear()
@@ -137,7 +141,10 @@ class HFRolloutServer:
         key = hashlib.sha256(str(prompt_ids).encode()).hexdigest()
         occurrence = self.seen[key]
         self.seen[key] += 1
-        text = f"{self.seed}:{self.weight_version}:{key}:{occurrence}"
+        # the trainer step of the weights, not a count of syncs: a resumed run samples what an
+        # uninterrupted one samples at the same step
+        version = self.weight_version if self.global_steps is None else self.global_steps
+        text = f"{self.seed}:{version}:{key}:{occurrence}"
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") & ((1 << 63) - 1)
 
     @torch.no_grad()

@@ -27,7 +27,7 @@ from typing import Any
 
 from rich.console import Console
 
-from engine import fsutil
+from engine import fsutil, gates
 from engine.errors import ArgumentParser, UserError
 from engine.models import TINY, TINY_MOE
 from engine.redact import redact_env, scrub, secret_values
@@ -198,6 +198,7 @@ def _copy_scrubbed(source: Any, log: Any, secrets: list[str]) -> None:
 
 
 RAY_START_TIMEOUT = "The current node timed out during startup"
+RAY_START_ATTEMPTS = 3  # seen failing twice in a row on 2 cores at load average 20-28
 
 
 def _ray_start_timed_out(log_path: Path) -> bool:
@@ -290,13 +291,11 @@ def run_main(argv: list[str]) -> int:
     started, t0 = _now(), time.monotonic()
     try:
         with _terminate_as_interrupt():
-            for attempt in (1, 2):
+            for attempt in range(1, RAY_START_ATTEMPTS + 1):
                 code = execute(p.command, launch_env(p, out, metrics), log, metrics, total)
-                if attempt == 2 or code == 0 or not _ray_start_timed_out(log):
+                if attempt == RAY_START_ATTEMPTS or code == 0 or not _ray_start_timed_out(log):
                     break
-                console.print(
-                    "Ray's node did not come up within its fixed 30 s (machine overloaded?); retrying once"
-                )
+                console.print("Ray's node did not come up within its fixed 30 s (overloaded?); retrying")
     except BaseException:  # interrupted: keep what the attempt logged, by the same rule
         _publish_attempt(stage, out, bool(read_metrics(metrics)))
         raise
@@ -304,6 +303,9 @@ def run_main(argv: list[str]) -> int:
     last = max((int(row["step"]) for row in rows), default=0)
     saved = saved_step(Path(p.value("trainer.default_local_dir")))
     result, trained = outcome(code, rows, total, saved)
+    checks = gates.evaluate(rows, r.cluster.device, r.name)
+    if result == 0 and gates.failed(checks):
+        result = gates.EXIT_GATE_FAILED
     status = "ok" if result == 0 else "failed"
     record = {
         "recipe": r.name,
@@ -321,6 +323,7 @@ def run_main(argv: list[str]) -> int:
         "checkpoint_step": saved,
         "target_steps": total,
         "status": status,
+        "gates": [check.as_dict() for check in checks],
     }
     _write_scrubbed(stage / "run.json", json.dumps(record, indent=2) + "\n")
     where = _publish_attempt(stage, out, bool(rows))
@@ -328,10 +331,15 @@ def run_main(argv: list[str]) -> int:
         console.print(
             f"this attempt trained no step: the earlier run's files in {out} are kept; its own are in {where}"
         )
+    for check, line in zip(checks, gates.summary_lines(checks), strict=True):
+        console.print(line, style={"pass": "green", "fail": "red"}.get(check.status, "dim"), markup=False)
     if code != 0:
         tail = (where / "train.log").read_text(errors="replace").splitlines()[-25:]
         console.print("\n".join(tail), markup=False, style="dim")
         console.print(f"verl exited with {code}; full log: {where / 'train.log'}", style="red")
+    elif result == gates.EXIT_GATE_FAILED:
+        names = ", ".join(check.name for check in gates.failed(checks))
+        console.print(f"trained, but the gate(s) {names} failed; see {where / 'run.json'}", style="red")
     elif result != 0:
         console.print(
             f"verl exited 0 but this launch logged {len(rows)} step(s), last step {last} of {total}, and the "

@@ -15,6 +15,7 @@ driver and in every Ray worker that inherits the environment. Importing this mod
    reaches callers that imported it by name);
 5. in the driver of `verl.trainer.main_ppo`, fails at once when the launch selects the `fsdp_turbo`
    strategy and the `fsdp_turbo` package cannot be imported.
+6. applies the test-only breakage named by `ENGINE_TEST_BREAK`, if any (`engine.mutations`).
 
 Why (5) runs at import time: verl offers no hook in the driver between Hydra composing the config and
 Ray starting workers (`auto_set_device`/`validate_config` are plain functions, not registries). The
@@ -33,6 +34,8 @@ from contextlib import contextmanager
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
+
+from engine import mutations
 
 TURBO_STRATEGY = "fsdp_turbo"
 TURBO_MISSING = (
@@ -289,6 +292,13 @@ def install() -> None:
     install_token_logprobs()
     if cpu_platform_selected():
         apply_gloo_backend_fix()
+    try:
+        broken = mutations.install()
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    if broken and is_trainer_driver(list(getattr(sys, "orig_argv", sys.argv))):
+        print(f"engine.verl_ext: TEST-ONLY BREAKAGE {broken} ({mutations.ENV})", file=sys.stderr, flush=True)
 
 
 install()

@@ -28,6 +28,7 @@ def problems(name: str, device: str, *sets: str, check_env: bool = False) -> lis
         ("smoke_qwen35_2b", "npu", []),
         ("tiny_cpu", "cpu", []),
         ("tiny_moe_cpu", "cpu", []),
+        ("tiny_cpu_learn", "cpu", []),
     ],
 )
 def test_shipped_recipes_pass(name: str, device: str, sets: list[str]) -> None:

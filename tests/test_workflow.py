@@ -17,7 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 FIVE = {"prepare_data", "smoke", "train", "export", "provenance"}
-TARGETS = ["run_qwen35_35b", "run_qwen35_27b", "smoke_cpu", "ci_smoke_gpu", "ci_smoke_npu"]
+TARGETS = ["run_qwen35_35b", "run_qwen35_27b", "smoke_cpu", "learn_cpu", "ci_smoke_gpu", "ci_smoke_npu"]
+CPU_TARGETS = ("smoke_cpu", "learn_cpu")
 
 
 def _workdir(tmp_path: Path) -> Path:
@@ -62,7 +63,7 @@ def test_dry_run_resolves_every_device_and_node_count(target: str, scratch: Path
             counts = job_counts(proc.stdout)
             assert set(counts) >= FIVE and counts["train"] == 1, counts
             train = proc.stdout.split("rule train:", 1)[1].split("\n\n", 1)[0]
-            multi = nodes == 2 and target != "smoke_cpu"
+            multi = nodes == 2 and target not in CPU_TARGETS
             assert ("-m engine.cluster launch --nodes 2" in train) == multi
             assert ("-m engine run" in train) == (not multi)
             if multi:

@@ -23,6 +23,7 @@ TARGETS = {
     "run_qwen35_35b": "qwen35_35b",
     "run_qwen35_27b": "qwen35_27b",
     "smoke_cpu": "tiny_cpu",
+    "learn_cpu": "tiny_cpu_learn",
     "ci_smoke_gpu": "smoke_qwen35_0p8b",
     "ci_smoke_npu": "smoke_qwen35_2b",
 }

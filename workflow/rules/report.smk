@@ -1,4 +1,4 @@
-# Reward and loss curves from verl's metrics JSONL, for `snakemake --report`.
+# Reward, loss and rollout/actor gap curves from verl's metrics JSONL, for `snakemake --report`.
 
 
 rule plot_curves:
@@ -21,5 +21,7 @@ rule plot_curves:
             f"results/{wc.recipe}/train/metrics.earlier.jsonl",
             f"results/{wc.recipe}/train/metrics.jsonl",
         ],
+        # the agreement gate's threshold is drawn on the gap panel
+        device=lambda wc: resolved(wc.recipe)[1],
     script:
         "../scripts/plot_curves.py"

@@ -1,27 +1,32 @@
-"""Reward and loss curves of one training run from verl's metrics JSONL (for `snakemake --report`).
-
-A resumed run may log a step twice; the latest line wins.
+"""Reward, loss and rollout/actor gap curves of one training run from verl's metrics JSONL (for
+`snakemake --report`). The gap panel is the agreement gate of engine/gates.py drawn per step, with its
+threshold for the run's device. A resumed run may log a step twice; the latest line wins.
 """
 
 import sys
 from pathlib import Path
 
+from engine import gates
 from engine.provenance import read_metrics
 
 REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
 LOSS_KEYS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy")
+GAP_KEYS = (gates.PROBS_DIFF_MAX, "training/rollout_probs_diff_mean")
 
 
-def plot(metrics: dict[int, dict[str, float]], out: Path, title: str) -> list[str]:
+def plot(
+    metrics: dict[int, dict[str, float]], out: Path, title: str, gap_limit: float | None = None
+) -> list[str]:
     """Write the figure; returns the metric names drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), constrained_layout=True)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.6), constrained_layout=True)
     drawn = []
-    for ax, keys, label in ((axes[0], REWARD_KEYS, "reward"), (axes[1], LOSS_KEYS, "loss")):
+    panels = ((axes[0], REWARD_KEYS, "reward"), (axes[1], LOSS_KEYS, "loss"), (axes[2], GAP_KEYS, "gap"))
+    for ax, keys, label in panels:
         for key in keys:
             points = [(step, values[key]) for step, values in metrics.items() if key in values]
             if points:
@@ -29,8 +34,12 @@ def plot(metrics: dict[int, dict[str, float]], out: Path, title: str) -> list[st
                 ax.plot(xs, ys, marker="o", label=key)
                 drawn.append(key)
         ax.set_xlabel("step")
-        ax.set_ylabel(label)
+        ax.set_ylabel(label if label != "gap" else "rollout/actor |p| gap")
         ax.grid(alpha=0.3)
+        if label == "gap" and ax.lines:
+            ax.set_yscale("log")
+            if gap_limit is not None:
+                ax.axhline(gap_limit, color="red", linestyle="--", label=f"gate {gap_limit:g}")
         if ax.lines:
             ax.legend(fontsize=8)
         else:
@@ -42,7 +51,7 @@ def plot(metrics: dict[int, dict[str, float]], out: Path, title: str) -> list[st
     return drawn
 
 
-def main(paths: list[str], out: str, title: str) -> int:
+def main(paths: list[str], out: str, title: str, device: str | None = None) -> int:
     """Merge the files in order (a later file's step wins), then plot."""
     metrics: dict[int, dict[str, float]] = {}
     for path in map(Path, paths):
@@ -51,7 +60,8 @@ def main(paths: list[str], out: str, title: str) -> int:
         print(f"error: no step records in {', '.join(paths)}; did train log metrics?", file=sys.stderr)
         return 1
     metrics = dict(sorted(metrics.items()))
-    drawn = plot(metrics, Path(out), title)
+    limit = gates.AGREEMENT.get(device or "")
+    drawn = plot(metrics, Path(out), title, limit.limit if limit else None)
     print(f"{out}: {len(metrics)} steps, {', '.join(drawn) or 'no known metrics'}")
     return 0
 
@@ -60,5 +70,6 @@ if __name__ == "__main__":  # run by Snakemake's `script:`, which defines `snake
     sm = globals()["snakemake"]
     with open(sm.log[0], "w") as log:
         sys.stdout = sys.stderr = log
-        code = main(list(sm.params.metrics), sm.output[0], f"{sm.wildcards.recipe}: reward and loss")
+        title = f"{sm.wildcards.recipe}: reward, loss, rollout/actor gap"
+        code = main(list(sm.params.metrics), sm.output[0], title, sm.params.device)
     sys.exit(code)
