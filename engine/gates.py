@@ -85,8 +85,9 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def agreement(rows: list[dict[str, Any]], limit: Agreement | None) -> GateResult:
-    name = "rollout_actor_agreement"
+def agreement(
+    rows: list[dict[str, Any]], limit: Agreement | None, name: str = "rollout_actor_agreement"
+) -> GateResult:
     if limit is None:
         return GateResult(name, SKIP, "no agreement threshold for this device")
     key = limit.metric

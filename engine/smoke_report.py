@@ -25,7 +25,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from engine import errors, fsutil
+from engine import errors, fsutil, gates
 from engine.errors import ArgumentParser, UserError
 from engine.launch import read_metrics
 
@@ -59,18 +59,15 @@ def step_figures(data: dict[str, Any], sequences: int) -> dict[str, Any]:
     }
 
 
-def step_gates(data: dict[str, Any], max_probs_diff: float, max_log_ppl_diff: float) -> dict[str, bool]:
-    """Each gate of one step (a missing metric fails its gate: it cannot be shown to hold)."""
-    probs, log_ppl = data.get(PROBS_DIFF), data.get(LOG_PPL_DIFF)
-    adv = [data.get("critic/advantages/max"), data.get("critic/advantages/min")]
-    grad = data.get("actor/grad_norm")
-    return {
-        "rollout_probs_diff": _finite(probs) and probs <= max_probs_diff,
-        "log_ppl_abs_diff": _finite(log_ppl) and log_ppl <= max_log_ppl_diff,
-        "finite_losses": all(_finite(data.get(k)) for k in ("actor/pg_loss", "actor/grad_norm")),
-        "reward_variance": all(_finite(a) for a in adv) and max(abs(a) for a in adv) > 0,
-        "nonzero_grad": _finite(grad) and grad > 0,
-    }
+def run_gates(rows: list[dict[str, Any]], max_probs_diff: float, max_log_ppl_diff: float) -> list:
+    """The project's correctness gates (engine.gates) with this smoke's agreement thresholds."""
+    source = "smoke-report threshold (--max-probs-diff / --max-log-ppl-diff)"
+    return [
+        gates.agreement(rows, gates.Agreement(PROBS_DIFF, max_probs_diff, source), "rollout_probs_diff"),
+        gates.agreement(rows, gates.Agreement(LOG_PPL_DIFF, max_log_ppl_diff, source), "log_ppl_abs_diff"),
+        gates.finite(rows),
+        gates.signal(rows),
+    ]
 
 
 def _sequences(run_dir: Path) -> int:
@@ -103,15 +100,17 @@ def report(run_dir: Path, max_probs_diff: float, max_log_ppl_diff: float) -> dic
                 "grad_norm": data.get("actor/grad_norm"),
                 "pg_loss": data.get("actor/pg_loss"),
                 **step_figures(data, sequences),
-                "gates": step_gates(data, max_probs_diff, max_log_ppl_diff),
             }
         )
+    checks = run_gates(rows, max_probs_diff, max_log_ppl_diff)
     return {
         "run_dir": str(run_dir),
         "thresholds": {"rollout_probs_diff_mean": max_probs_diff, "log_ppl_abs_diff": max_log_ppl_diff},
         "sequences_per_step": sequences,
         "steps": steps,
-        "passed": all(all(s["gates"].values()) for s in steps),
+        "gates": [check.as_dict() for check in checks],
+        # a smoke must show each gate holding: a gate skipped for a missing metric does not pass
+        "passed": all(check.status == gates.PASS for check in checks),
     }
 
 
@@ -152,8 +151,8 @@ def _table(result: dict[str, Any]) -> str:
         cells += [s[k] for k in ("generation_s", "old_log_prob_s", "update_actor_s", "weight_sync_s")]
         cells += [s["step_s"], s["rollout_tokens_per_s"]]
         text = "  ".join(format(c, ".4g") if _finite(c) else "-" for c in cells)
-        failed = [name for name, ok in s["gates"].items() if not ok]
-        lines.append(f"{s['step']:>4}  {text}  {'FAIL ' + ','.join(failed) if failed else 'ok'}")
+        lines.append(f"{s['step']:>4}  {text}")
+    lines += [f"gate {g['name']}: {g['status'].upper()} - {g['detail']}" for g in result["gates"]]
     return "\n".join(lines)
 
 
