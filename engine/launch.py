@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.errors import UserError
-from engine.models import TINY, TINY_MOE
+from engine.models import TINY_MODELS
 from engine.redact import redact_env, scrub, secret_values
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +74,7 @@ def build_plan(ref: str, device: str | None, sets: list[str], out: Path) -> Any:
 def _ensure_tiny_assets(r: Any) -> None:
     """The tiny recipes point at generated assets: build them (offline, seeded) when they are missing."""
     model_path = Path(r.model.path)
-    if r.model.name not in (TINY.name, TINY_MOE.name) or model_path.exists():
+    if r.model.name not in {spec.name for spec in TINY_MODELS} or model_path.exists():
         return
     out = model_path.parent
     console.print(f"[dim]building tiny assets into {out} (python -m engine assets)[/dim]")
@@ -215,7 +215,7 @@ def run_main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     p = build_plan(args.recipe, args.device, args.sets, out)
     # the plan checks plus the paths (not imports or pins: the run itself will tell about those)
-    problems = preflight.check(p, check_env=False) + preflight.check_paths(p)
+    problems = preflight.check(p, check_env=False) + preflight.check_paths(p) + preflight.check_rollout_env(p)
     if problems:
         for problem in problems:
             errors.print(f"preflight: {problem}", style="red")
