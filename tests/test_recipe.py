@@ -14,7 +14,16 @@ from hypothesis import strategies as st
 from engine import plan, recipe
 from engine.errors import UserError
 
-SHIPPED = {"qwen35_27b", "qwen35_35b", "smoke_qwen35_0p8b", "smoke_qwen35_2b", "tiny_cpu", "tiny_moe_cpu"}
+SHIPPED = {
+    "qwen35_27b",
+    "qwen35_35b",
+    "smoke_qwen35_0p8b",
+    "smoke_qwen35_2b",
+    "tiny_cpu",
+    "tiny_moe_cpu",
+    "tiny_cpu_vllm",
+    "tiny_moe_cpu_vllm",
+}
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

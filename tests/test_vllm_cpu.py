@@ -247,6 +247,7 @@ def test_synced_weights_match_a_fresh_load(cpu_env: None, tmp_path: Path, name: 
     gaps = results.get(timeout=600)
     child.join(timeout=60)
     assert isinstance(gaps, dict), gaps
+    print(f"{name}: max log-prob gaps {gaps}")  # shown with -s; docs/cpu-run.md quotes them
     assert gaps.pop("fresh 1 vs 2") > 0.05, "the two weight sets are told apart"
     unfixed = gaps.pop("sync 1 without repack", None)
     assert gaps == dict.fromkeys(gaps, 0.0)  # every sync: bit-equal to the fresh load
