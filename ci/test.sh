@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
-# The test command: sets up .venv when missing, installs the container tools the image test needs
-# (root on Debian), then runs the whole test suite, slow end-to-end runs included.
+# The test command: sets up .venv and .venv-vllm when missing, installs the container tools the image
+# test needs (root on Debian), then runs the whole test suite, slow end-to-end runs included: the main
+# suite in .venv, then the vLLM CPU tests (tests/test_vllm_cpu.py) in .venv-vllm. With arguments, only
+# `pytest ARGS` in .venv.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-source ci/bootstrap.sh
+source ci/bootstrap.sh vllm
 if ! command -v buildah >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "test: installing buildah/podman for the image build test" >&2
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         buildah podman skopeo umoci runc debootstrap >/dev/null
 fi
-exec .venv/bin/python -m pytest "$@"
+if [ $# -gt 0 ]; then
+    exec .venv/bin/python -m pytest "$@"
+fi
+main=0
+.venv/bin/python -m pytest || main=$?
+vllm=0
+.venv-vllm/bin/python -m pytest tests/test_vllm_cpu.py || vllm=$?
+echo "test: main suite exit $main, vLLM CPU suite exit $vllm" >&2
+[ "$main" = 0 ] && [ "$vllm" = 0 ]

@@ -18,7 +18,7 @@ from typing import Any
 
 from engine import fsutil
 from engine.errors import ArgumentParser, UserError
-from engine.models import TINY, TINY_MOE
+from engine.models import TINY_MODELS, ModelSpec
 
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = [
@@ -173,8 +173,8 @@ def _text_kwargs(tokenizer: Any, spec: Any) -> dict[str, Any]:
         "num_attention_heads": spec.num_attention_heads,
         "num_key_value_heads": spec.num_kv_heads,
         "head_dim": spec.head_dim,
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": 16,
+        "linear_key_head_dim": spec.linear_head_dim,
+        "linear_value_head_dim": spec.linear_head_dim,
         "linear_num_key_heads": spec.linear_key_heads,
         "linear_num_value_heads": spec.linear_value_heads,
         "max_position_embeddings": spec.max_position_embeddings,
@@ -217,15 +217,14 @@ def vision_token_ids(tokenizer: Any) -> dict[str, int]:
     }
 
 
-def build_model(tokenizer: Any, seed: int, moe: bool) -> Any:
-    """Random-init Qwen3.5 (or Qwen3.5-MoE) in the VL layout, float32, seeded."""
+def build_model(tokenizer: Any, seed: int, spec: ModelSpec) -> Any:
+    """Random-init Qwen3.5 (or Qwen3.5-MoE) in the VL layout from a tiny registry entry, seeded."""
     import torch
     from transformers.models import qwen3_5, qwen3_5_moe
 
     top = vision_token_ids(tokenizer) | {"tie_word_embeddings": False}
-    spec = TINY_MOE if moe else TINY
     text = _text_kwargs(tokenizer, spec)
-    if moe:
+    if spec.moe:
         text |= {
             "intermediate_size": 128,
             "moe_intermediate_size": spec.expert_intermediate_size,
@@ -242,7 +241,7 @@ def build_model(tokenizer: Any, seed: int, moe: bool) -> Any:
         model_cls = qwen3_5.Qwen3_5ForConditionalGeneration
     config.architectures = [model_cls.__name__]
     torch.manual_seed(seed)
-    model = model_cls(config).to(torch.float32)
+    model = model_cls(config).to(getattr(torch, spec.asset_dtype))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.do_sample = True
@@ -259,13 +258,18 @@ def save_model(model: Any, tokenizer: Any, target: Path) -> None:
 OUT_NAMES = ("tiny-qwen35", "tiny-qwen35-moe", "data", "assets.json")
 
 
+ASSET_KEYS = {"tiny-qwen35": "dense", "tiny-qwen35-moe": "moe"}  # manifest keys; the rest are named
+
+
 def build_all(out: Path, seed: int = 0, train_size: int = 256, test_size: int = 32) -> dict[str, str]:
-    """Write DIR/tiny-qwen35, DIR/tiny-qwen35-moe and DIR/data/synthetic/{train,test}.parquet."""
+    """Write DIR/<tiny model> for every tiny registry entry and DIR/data/synthetic/{train,test}.parquet."""
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(seed)
-    paths = {"dense": out / "tiny-qwen35", "moe": out / "tiny-qwen35-moe"}
-    save_model(build_model(tokenizer, seed, moe=False), tokenizer, paths["dense"])
-    save_model(build_model(tokenizer, seed, moe=True), tokenizer, paths["moe"])
+    paths = {}
+    for spec in TINY_MODELS:
+        key = ASSET_KEYS.get(spec.name, spec.name)
+        paths[key] = out / spec.name
+        save_model(build_model(tokenizer, seed, spec), tokenizer, paths[key])
     data = out / "data" / "synthetic"
     data.mkdir(parents=True, exist_ok=True)
     write_parquet(make_rows(seed, train_size, "train"), data / "train.parquet")

@@ -29,7 +29,7 @@ from rich.console import Console
 
 from engine import fsutil, gates
 from engine.errors import ArgumentParser, UserError
-from engine.models import TINY, TINY_MOE
+from engine.models import TINY_MODELS
 from engine.redact import redact_env, scrub, secret_values
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,7 +99,7 @@ def build_plan(ref: str, device: str | None, sets: list[str], out: Path) -> Any:
 def _ensure_tiny_assets(r: Any) -> None:
     """The tiny recipes point at generated assets: build them (offline, seeded) when they are missing."""
     model_path = Path(r.model.path)
-    if r.model.name not in (TINY.name, TINY_MOE.name) or model_path.exists():
+    if r.model.name not in {spec.name for spec in TINY_MODELS} or model_path.exists():
         return
     out = model_path.parent
     console.print(f"[dim]building tiny assets into {out} (python -m engine assets)[/dim]")
@@ -277,7 +277,7 @@ def run_main(argv: list[str]) -> int:
     out = fsutil.check_out_dir(out, reuse=reusable_run_dir(Path(args.recipe).stem)).resolve()
     p = build_plan(args.recipe, args.device, args.sets, out)
     # the plan checks plus the paths (not imports or pins: the run itself will tell about those)
-    preflight.require_ok(p, paths=True)
+    preflight.require_ok(p, paths=True, rollout_env=True)
     total = p.recipe.trainer.total_training_steps
     r = p.recipe
     # Nothing of an earlier run is touched until this attempt is over: it writes into a stage.

@@ -99,6 +99,10 @@ class ModelSpec:
     expert_intermediate_size: int = 0
     vision_depth: int = 0
     tie_word_embeddings: bool = False
+    # the project's tiny models only (engine.assets builds them from these): gated-delta-net head dim
+    # and the dtype of the saved weights
+    linear_head_dim: int = 0
+    asset_dtype: str = "float32"
     source: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -279,6 +283,7 @@ TINY = register(
         total_params=0.227e6,  # counted on the built model
         active_params=0.227e6,
         vision_depth=1,
+        linear_head_dim=16,
         source={"architecture": "engine.assets (built offline from a seed)"},
     )
 )
@@ -295,3 +300,28 @@ TINY_MOE = register(
         expert_intermediate_size=32,
     )
 )
+
+# vLLM's CPU backend (the `*_vllm` recipes): its gated-delta-net kernel takes bf16 only and linear-attention
+# head dims of 64 or 128, so these variants of the tiny models differ from the defaults in exactly that.
+_VLLM_CPU = {"linear_head_dim": 64, "asset_dtype": "bfloat16"}
+TINY_VLLM = register(
+    replace(
+        TINY,
+        name="tiny-qwen35-vllm",
+        hf_id="local/tiny-qwen35-vllm",
+        total_params=0.259e6,  # counted on the built model
+        active_params=0.259e6,
+        **_VLLM_CPU,  # type: ignore[arg-type]
+    )
+)
+TINY_MOE_VLLM = register(
+    replace(
+        TINY_MOE,
+        name="tiny-qwen35-moe-vllm",
+        hf_id="local/tiny-qwen35-moe-vllm",
+        total_params=0.272e6,
+        active_params=0.264e6,
+        **_VLLM_CPU,  # type: ignore[arg-type]
+    )
+)
+TINY_MODELS = (TINY, TINY_MOE, TINY_VLLM, TINY_MOE_VLLM)

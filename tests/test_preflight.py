@@ -81,7 +81,8 @@ def test_shipped_recipes_pass(name: str, device: str, sets: list[str]) -> None:
             "exceeds cluster.device_memory_gib",
         ),
         ("tiny_cpu", "cpu", ["actor.strategy=fsdp_turbo"], "registered for cuda/npu only"),
-        ("tiny_cpu", "cpu", ["rollout.name=vllm"], "no CPU build"),
+        ("tiny_cpu", "cpu", ["rollout.name=vllm"], "no sleep mode"),
+        ("tiny_cpu", "cpu", ["rollout.name=vllm"], "VLLM_CPU_KVCACHE_SPACE is unset"),
     ],
 )
 def test_unsound_plans_are_refused(name: str, device: str, sets: list[str], fragment: str) -> None:

@@ -22,6 +22,8 @@ SHIPPED = {
     "tiny_cpu",
     "tiny_moe_cpu",
     "tiny_cpu_learn",
+    "tiny_cpu_vllm",
+    "tiny_moe_cpu_vllm",
 }
 
 
