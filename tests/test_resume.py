@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from engine.launch import read_metrics, saved_step
-from engine.provenance import compare_metrics
+from engine.rerun import compare_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
