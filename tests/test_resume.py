@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from engine import fsutil
 from engine.launch import read_metrics, saved_step
 from engine.rerun import compare_metrics
 
@@ -78,16 +79,26 @@ def finish(out: Path, assets: Path) -> subprocess.CompletedProcess[str]:
     return done
 
 
+def _stages(out: Path) -> set[Path]:
+    """The hidden directories `engine run` writes a launch's files into until the launch ends."""
+    return set(out.glob(f".attempt.*{fsutil.PARTIAL}"))
+
+
 def kill_after(out: Path, assets: Path, step: int) -> list[dict]:
     """Launch, wait until `step` is checkpointed and logged, SIGKILL every process of the run at once
-    (a node lost mid-step); returns the steps this launch logged."""
+    (a node lost mid-step); returns the steps this launch logged (in its stage: nothing is published)."""
     import psutil
 
+    before = _stages(out) if out.exists() else set()
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     proc = subprocess.Popen(command(out, assets), cwd=ROOT, start_new_session=True, **quiet)
-    ckpt, metrics = out / "checkpoints", out / "metrics.jsonl"
-    deadline = time.monotonic() + 900
-    while not (saved_step(ckpt) >= step and any(row["step"] == step for row in read_metrics(metrics))):
+    ckpt, deadline = out / "checkpoints", time.monotonic() + 900
+
+    def logged() -> list[dict]:
+        new = sorted(_stages(out) - before) if out.exists() else []
+        return read_metrics(new[0] / "metrics.jsonl") if new else []
+
+    while not (saved_step(ckpt) >= step and any(row["step"] == step for row in logged())):
         assert proc.poll() is None, f"the launch ended ({proc.returncode}) before step {step}"
         assert time.monotonic() < deadline, f"step {step} never logged"
         time.sleep(0.1)
@@ -102,9 +113,7 @@ def kill_after(out: Path, assets: Path, step: int) -> list[dict]:
     # the next step's checkpoint would move the resume point: the kill must land before it
     assert saved_step(ckpt) == step, f"checkpoint {saved_step(ckpt)} written before the kill landed"
     assert not (out / "run.json").exists()  # nothing recorded the killed launch as finished
-    rows = read_metrics(metrics)
-    metrics.rename(out / f"metrics.killed-{step}.jsonl")  # the next launch starts a new file
-    return rows
+    return logged()
 
 
 def test_sigkilled_and_resumed_run_equals_an_uninterrupted_one(assets: Path, tmp_path: Path) -> None:
