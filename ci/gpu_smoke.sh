@@ -14,7 +14,7 @@ run=results/smoke_qwen35_0p8b_h200
 model=results/gpu/qwen35-0p8b-random
 mkdir -p "$record"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
-stages=" ${STAGES:-install imports run post} "  # a subset splits the smoke over several sessions
+stages=" ${STAGES:-install imports run post} "  # a subset splits the smoke over several short allocations
 want() { [[ $stages == *" $1 "* ]]; }
 stage() { echo "== $1 $(date -u +%H:%M:%S)"; }
 
