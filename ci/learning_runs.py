@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from engine import assets as tiny_assets
 from engine import gates, mutations
 from engine.launch import read_metrics
 
@@ -33,12 +34,7 @@ RUNS: dict[str, tuple[dict[str, str], list[str]]] = {
 def launch(name: str, out: Path, assets: Path) -> None:
     env, sets = RUNS[name]
     command = [sys.executable, "-m", "engine", "run", RECIPE, "--device", "cpu", "--out", str(out)]
-    for item in (
-        f"model.path={assets / 'tiny-qwen35'}",
-        f"data.train_files={assets / 'data/synthetic/train.parquet'}",
-        f"data.val_files={assets / 'data/synthetic/test.parquet'}",
-        *sets,
-    ):
+    for item in (*tiny_assets.recipe_sets(assets), *sets):
         command += ["--set", item]
     load = os.getloadavg()[0]
     start = time.monotonic()

@@ -283,6 +283,16 @@ def build_all(out: Path, seed: int = 0, train_size: int = 256, test_size: int = 
     return written
 
 
+def recipe_sets(out: Path, model: str = "tiny-qwen35") -> list[str]:
+    """`--set` items that point a tiny recipe at assets `build_all` wrote into `out`."""
+    data = out / "data" / "synthetic"
+    return [
+        f"model.path={out / model}",
+        f"data.train_files={data / 'train.parquet'}",
+        f"data.val_files={data / 'test.parquet'}",
+    ]
+
+
 def ensure(out: Path, seed: int = 0) -> dict[str, str]:
     """Build the assets unless a manifest with the same seed is already there (used by `run`)."""
     manifest = out / "assets.json"

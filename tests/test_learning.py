@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from engine import assets as tiny_assets
 from engine import gates, mutations
 from engine.launch import read_metrics
 
@@ -33,12 +34,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine_run(out: Path, assets: Path, *sets: str, env: dict[str, str] | None = None) -> dict:
     """`engine run tiny_cpu_learn` on the given assets; returns exit code, run record and metric rows."""
     command = [sys.executable, "-m", "engine", "run", RECIPE, "--device", "cpu", "--out", str(out)]
-    for item in (
-        f"model.path={assets / 'tiny-qwen35'}",
-        f"data.train_files={assets / 'data/synthetic/train.parquet'}",
-        f"data.val_files={assets / 'data/synthetic/test.parquet'}",
-        *sets,
-    ):
+    for item in (*tiny_assets.recipe_sets(assets), *sets):
         command += ["--set", item]
     done = subprocess.run(
         command, cwd=ROOT, env=dict(os.environ) | (env or {}), capture_output=True, text=True, timeout=1200

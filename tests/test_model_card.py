@@ -46,7 +46,6 @@ def test_card_names_license_base_model_recipe_commit_and_record(tmp_path: Path) 
     card = _card(tmp_path, actor)
     assert card.data.license == "apache-2.0"
     assert card.data.base_model == "Qwen/Qwen3.5-35B-A3B"
-    assert card.data.library_name == "transformers" and "grpo" in card.data.tags
     run = actor.parents[2]
     assert "- recipe: `qwen35_35b`" in card.text
     assert "- code: git " in card.text and "git None" not in card.text

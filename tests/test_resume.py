@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from engine import assets as tiny_assets
 from engine import fsutil
 from engine.launch import read_metrics, saved_step
 from engine.rerun import compare_metrics
@@ -62,12 +63,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def command(out: Path, assets: Path) -> list[str]:
     argv = [sys.executable, "-m", "engine", "run", "tiny_cpu_learn", "--device", "cpu", "--out", str(out)]
-    for item in (
-        f"model.path={assets / 'tiny-qwen35'}",
-        f"data.train_files={assets / 'data/synthetic/train.parquet'}",
-        f"data.val_files={assets / 'data/synthetic/test.parquet'}",
-        *SETS,
-    ):
+    for item in (*tiny_assets.recipe_sets(assets), *SETS):
         argv += ["--set", item]
     return argv
 

@@ -143,7 +143,6 @@ def _check_records(results: Path, cache: Path) -> None:
     steps = [n["name"] for n in crate["@graph"] if n.get("@type") == "HowToStep"]
     assert steps == ["prepare_data", "smoke", "train", "export"]
     card = ModelCard.load(results / "export" / "README.md")
-    assert card.data.license == "apache-2.0" and card.data.library_name == "transformers"
     assert f"`{train.resolve() / 'provenance.json'}`" in card.text
 
 
