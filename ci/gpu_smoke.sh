@@ -47,7 +47,7 @@ smi=$!
 $py -m engine run smoke_qwen35_0p8b_h200 --device gpu --set actor.strategy=fsdp2 "$@" --out $run
 code=$?
 kill $smi 2>/dev/null
-cp $run/run.json $run/metrics.jsonl $run/overrides.txt $run/nvidia-smi.csv "$record/" 2>/dev/null
+cp $run/run.json $run/recipe.yaml $run/metrics.jsonl $run/overrides.txt $run/nvidia-smi.csv "$record/" 2>/dev/null
 gzip -c $run/train.log >"$record/train.log.gz"
 [ $code -eq 0 ] || { echo "run failed ($code)"; exit $code; }
 fi

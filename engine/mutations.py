@@ -6,7 +6,8 @@ only by the environment variable `ENGINE_TEST_BREAK` (never by a recipe) and are
 process through `engine.verl_ext`:
 
 - `no_weight_sync`: the rollout server accepts every weight update but keeps its initial weights
-  (the silent sync failure verl users report after the first update);
+  (the silent sync failure verl users report after the first update): in the hf server, and in verl's
+  vLLM rollout, whose trainer-side adapter gathers every tensor and sends none;
 - `negate_advantages`: GRPO advantages come out with the wrong sign (the loop unlearns the reward);
 - `zero_lr`: the actor's optimizer gets learning rate 0 (gradients flow, weights never move).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+from importlib.util import find_spec
 from typing import Any
 
 ENV = "ENGINE_TEST_BREAK"
@@ -61,10 +63,48 @@ def _zero_lr(func: Any) -> Any:
     return wrapper
 
 
+def _unsent(func: Any) -> Any:
+    @functools.wraps(func)
+    async def wrapper(self: Any, weights: Any, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(self, "_engine_first_sync_done", False):  # vLLM starts on dummy weights
+            self._engine_first_sync_done = True
+            return await func(self, weights, *args, **kwargs)
+        # drain the generator: on several ranks it drives FSDP's all-gathers, which must still happen
+        if hasattr(weights, "__aiter__"):
+            async for _ in weights:
+                pass
+        else:
+            for _ in weights:
+                pass
+        return None
+
+    wrapper.__engine_broken__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _break_vllm_sync() -> None:
+    """verl's vLLM rollout keeps the weights of its first sync; a no-op without vLLM.
+
+    The trainer-side adapter sends the start-up sync and drops every later one; the server sleeps at
+    level 1 (weights kept in host memory) instead of 2 (weights discarded, refilled by each sync), so
+    the rollout samples from stale weights rather than from freed memory.
+    """
+    if find_spec("vllm") is None:
+        return
+    from verl.workers.rollout.vllm_rollout import vllm_async_server, vllm_rollout
+
+    adapter = vllm_rollout.ServerAdapter
+    if not getattr(adapter.update_weights, "__engine_broken__", False):
+        adapter.update_weights = _unsent(adapter.update_weights)
+        vllm_async_server.vLLMHttpServer._resolve_sleep_level = lambda self: 1
+
+
 def install() -> str | None:
-    """Apply the selected breakage to verl in this process (the weight-sync one lives in the hf server)."""
+    """Apply the selected breakage to verl in this process (the hf server checks its own)."""
     name = selected()
-    if name == NEGATE_ADVANTAGES:
+    if name == NO_WEIGHT_SYNC:
+        _break_vllm_sync()
+    elif name == NEGATE_ADVANTAGES:
         # verl's compute_advantage calls core_algos.compute_grpo_outcome_advantage by module attribute
         from verl.trainer.ppo import core_algos
 

@@ -36,10 +36,9 @@ from engine.pins import canonical
 
 MANIFEST = "manifest.json"
 MIB = 1024 * 1024
-DEFAULT_PLATFORMS = [
-    "manylinux_2_28_x86_64",
-    "manylinux_2_27_x86_64",
-    "manylinux_2_17_x86_64",
+# The GPU image's platform: its CUDA 13 base is Ubuntu 24.04 (glibc 2.39), and some pins ship only
+# newer manylinux tags (llguidance 1.7.6: manylinux_2_31). Older targets pass --platform.
+DEFAULT_PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(39, 16, -1)] + [
     "manylinux2014_x86_64",
     "manylinux1_x86_64",
     "linux_x86_64",
