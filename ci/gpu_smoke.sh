@@ -39,15 +39,14 @@ stage assets
 [ -f $model/config.json ] || $py -m engine bench-gpu make-model --out $model || exit 3
 
 stage run
-rm -rf $run
-mkdir -p $run
+rm -rf $run  # engine run refuses a non-empty --out: nothing may be written there before it
 nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader -lms 500 \
-    >$run/nvidia-smi.csv 2>/dev/null &
+    >"$record/nvidia-smi.csv" 2>/dev/null &
 smi=$!
 $py -m engine run smoke_qwen35_0p8b_h200 --device gpu --set actor.strategy=fsdp2 "$@" --out $run
 code=$?
 kill $smi 2>/dev/null
-cp $run/run.json $run/recipe.yaml $run/metrics.jsonl $run/overrides.txt $run/nvidia-smi.csv "$record/" 2>/dev/null
+cp $run/run.json $run/recipe.yaml $run/metrics.jsonl $run/overrides.txt "$record/" 2>/dev/null
 gzip -c $run/train.log >"$record/train.log.gz"
 [ $code -eq 0 ] || { echo "run failed ($code)"; exit $code; }
 fi
@@ -63,6 +62,6 @@ $py -m engine smoke-report $run --drift $model $run/export
 gates=$?
 cp $run/smoke_report.json "$record/"
 awk -F', ' '{gsub(/ MiB/,"",$2); if ($2+0 > m) m = $2+0} END {print "peak GPU memory (nvidia-smi): " m " MiB"}' \
-    $run/nvidia-smi.csv
+    "$record/nvidia-smi.csv"
 [ $code -eq 0 ] || exit $code
 exit $gates

@@ -133,8 +133,12 @@ def verify_logits(
     exported, info = cls.from_pretrained(out, dtype=torch.float32, output_loading_info=True)
     if info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]:
         raise UserError(f"export verification failed: transformers reload reports {info}")
+    # on the GPU where there is one: with flash-linear-attention installed, transformers runs the
+    # gated-delta-net layers with its Triton kernels, which take no CPU tensors
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    reference, exported = reference.to(device), exported.to(device)
     vocab = getattr(config, "text_config", config).vocab_size
-    batch = (torch.arange(2 * 16).reshape(2, 16) * 7919 + 13) % vocab
+    batch = ((torch.arange(2 * 16).reshape(2, 16) * 7919 + 13) % vocab).to(device)
     with torch.no_grad():
         full = reference(input_ids=batch).logits
         got = exported.eval()(input_ids=batch).logits

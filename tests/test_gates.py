@@ -56,6 +56,17 @@ def test_agreement_fails_at_the_first_step_over_the_threshold() -> None:
     assert nan.status == gates.FAIL  # a NaN gap is no evidence of agreement
 
 
+def test_gpu_agreement_is_a_floor_on_the_correlation() -> None:
+    gpu = gates.AGREEMENT["gpu"]
+    assert gpu.floor and gpu.metric == gates.PROBS_CORR
+    rows = [row(1, **{gpu.metric: 0.998}), row(2, **{gpu.metric: 0.76}), row(3, **{gpu.metric: 0.41})]
+    result = gates.agreement(rows, gpu)
+    assert result.status == gates.FAIL and result.first_failed_step == 2
+    assert "0.76 < 0.99" in result.detail and "2 of 3 steps" in result.detail
+    assert gates.agreement(rows[:1], gpu).status == gates.PASS
+    assert gates.agreement([row(1, **{gpu.metric: math.nan})], gpu).status == gates.FAIL
+
+
 def test_agreement_skips_without_rollout_log_probs_or_a_threshold() -> None:
     plain = [{"step": 1, "data": {gates.REWARD: 0.1}}]
     assert gates.agreement(plain, CPU).status == gates.SKIP
