@@ -80,7 +80,7 @@ def test_missing_metric_fails_and_cli_refuses_bad_input(tmp_path: Path) -> None:
 
 
 def test_recorded_h200_vllm_runs_healthy_passes_and_broken_sync_fails() -> None:
-    """The vLLM-rollout smoke on 1x H200 and the same run with the weight sync broken (docs/performance.md)."""
+    """The vLLM-rollout smoke on 1x H200 and that run with the weight sync broken (docs/performance.md)."""
     healthy = smoke_report.report(RECORDS / "smoke", 0.01, 0.99)
     assert healthy["passed"] and len(healthy["steps"]) == 4
     broken = smoke_report.report(RECORDS / "no_sync", 0.01, 0.99)
