@@ -141,12 +141,20 @@ def train_bpe(lines: list[str], num_merges: int) -> tuple[dict[str, int], list[t
     return {token: index for index, token in enumerate(vocab_tokens)}, merges
 
 
-def build_tokenizer(seed: int) -> Any:
-    """A byte-level BPE with ChatML specials, wrapped as a transformers fast tokenizer."""
+def build_tokenizer(seed: int, size: int = VOCAB_SIZE) -> Any:
+    """A byte-level BPE with ChatML specials, wrapped as a transformers fast tokenizer.
+
+    `size` above VOCAB_SIZE pads the vocabulary with entries no merge produces (tokenization is
+    unchanged) so that `len(tokenizer)` covers a model's whole vocabulary, as Qwen3.5's own tokenizer
+    nearly does: verl's vLLM rollout masks every id past `len(tokenizer)` before sampling while the
+    actor normalises over all ids, so a short tokenizer shifts every rollout log-prob by the masked mass.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab, merges = train_bpe(_corpus(seed), VOCAB_SIZE - 256 - len(SPECIAL_TOKENS))
+    for index in range(len(vocab), size - len(SPECIAL_TOKENS)):
+        vocab[f"<|unused_{index}|>"] = index
     core = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     core.decoder = decoders.ByteLevel()

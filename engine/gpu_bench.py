@@ -56,13 +56,13 @@ VISION_0P8B: dict[str, Any] = {"depth": 12, "hidden_size": 768, "intermediate_si
 
 # ------------------------------------------------------------------------------------------- model
 def make_model(out: Path, seed: int = 0, device: str = "cpu", small: bool = False) -> Path:
-    """Random-init Qwen3.5 (VL layout) in the 0.8B shape, bf16 safetensors, plus the tiny tokenizer."""
+    """Random-init Qwen3.5 (VL layout) in the 0.8B shape, bf16 safetensors, plus the tiny tokenizer padded
+    to the model's vocabulary."""
     import torch
     from transformers.models import qwen3_5
 
     from engine import assets
 
-    tokenizer = assets.build_tokenizer(seed)
     text = dict(TEXT_0P8B)
     vision = dict(VISION_0P8B, out_hidden_size=text["hidden_size"])
     if small:  # CPU tests: same layer pattern and vocabulary handling, tiny widths
@@ -77,6 +77,7 @@ def make_model(out: Path, seed: int = 0, device: str = "cpu", small: bool = Fals
             "num_heads": 2,
             "out_hidden_size": 64,
         }
+    tokenizer = assets.build_tokenizer(seed, size=text["vocab_size"])  # covers the whole vocabulary
     config = qwen3_5.Qwen3_5Config(
         text_config=text | assets.text_token_ids(tokenizer),
         vision_config=vision,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import gpu_bench, kernels
+from engine import assets, gpu_bench, kernels
 from engine.errors import UserError
 
 
@@ -118,4 +118,12 @@ def test_make_model_writes_a_loadable_qwen35_with_the_project_tokenizer(tmp_path
     assert text.layer_types == ["linear_attention"] * 3 + ["full_attention"]
     assert model.config.image_token_id == tokenizer.convert_tokens_to_ids("<|image_pad|>")
     assert text.eos_token_id == tokenizer.eos_token_id == model.generation_config.eos_token_id
+    # the tokenizer covers the vocabulary (verl's vLLM rollout masks ids past len(tokenizer)), and the
+    # padding changes no tokenization
+    assert len(tokenizer) == text.vocab_size == 1024
+    plain = assets.build_tokenizer(0)
+    prompt = plain.apply_chat_template([{"role": "user", "content": "What is 12 + 7?"}], tokenize=False)
+    assert tokenizer(prompt)["input_ids"] == [
+        tokenizer.convert_tokens_to_ids(plain.convert_ids_to_tokens(i)) for i in plain(prompt)["input_ids"]
+    ]
     assert not list(tmp_path.glob(".model.*"))  # the temporary directory was renamed, not left behind
