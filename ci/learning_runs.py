@@ -1,5 +1,5 @@
 """The learning figures of docs/cpu-run.md: `tiny_cpu_learn` over 3 rollout seeds and under each test-only
-breakage of engine/mutations.py, with the gates of engine/gates.py evaluated on every run.
+breakage of engine/runtime/mutations.py, with the gates of engine/run/gates.py evaluated on every run.
 
 Usage: .venv/bin/python ci/learning_runs.py --out results/learning [--assets DIR] [--figure PNG]
 Runs what is missing under OUT (a run directory with run.json counts as done), then prints one markdown
@@ -18,9 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from engine import assets as tiny_assets
-from engine import gates, mutations
-from engine.launch import read_metrics
+from engine.data import assets as tiny_assets
+from engine.run import gates
+from engine.run.launcher import read_metrics
+from engine.runtime import mutations
 
 RECIPE = "tiny_cpu_learn"
 SEED_KEY = "verl_overrides.actor_rollout_ref.rollout.seed"

