@@ -37,7 +37,6 @@ def _umask() -> int:
 _UMASK = _umask()
 
 
-# ------------------------------------------------------------------------------------------ checks
 def _nearest_existing(path: Path) -> Path:
     for parent in (path, *path.parents):
         if parent.exists() or parent.is_symlink():
@@ -119,7 +118,6 @@ def foreign_files(directory: Path, ours: Sequence[str], marker: str) -> str | No
     return None
 
 
-# ------------------------------------------------------------------------------------------ writes
 def _temp_beside(path: Path, directory: bool) -> Path:
     prefix, parent = f".{path.name}.", path.parent
     if directory:
@@ -220,7 +218,6 @@ def staged(out: Path | str, last: Sequence[str] = ()) -> Iterator[Path]:
         raise
 
 
-# ------------------------------------------------------------------------------------------ inputs
 def read_text(path: Path | str, what: str, fix: str) -> str:
     """A UTF-8 text input, or UserError naming it (missing, a directory, unreadable, not UTF-8)."""
     path = Path(path)

@@ -41,7 +41,6 @@ INSTRUCTION = "Give the final answer after ####."
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
-# ----------------------------------------------------------------------------------------------- data
 def make_problem(rng: random.Random) -> tuple[str, int]:
     """One arithmetic question with an exact integer answer."""
     op = rng.choice(sorted(OPS))
@@ -77,7 +76,6 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
         pq.write_table(table, tmp, compression="zstd")
 
 
-# ------------------------------------------------------------------------------------------ tokenizer
 def _corpus(seed: int) -> list[str]:
     rng = random.Random(f"{seed}-corpus")
     lines = []
@@ -162,7 +160,6 @@ def build_tokenizer(seed: int) -> Any:
     return tokenizer
 
 
-# --------------------------------------------------------------------------------------------- models
 def _text_kwargs(tokenizer: Any, spec: Any) -> dict[str, Any]:
     """The text config of a tiny model from its registry facts (engine.recipes.models), which preflight
     also reads."""

@@ -33,9 +33,6 @@ IMAGE_TOKEN = "<image>"
 _GSM8K_ANSWER = re.compile(r"####\s*(-?[0-9][0-9.,]*)")
 
 
-# ----------------------------------------------------------------------------- row conversion
-
-
 def _image_struct(image: Any, raw_root: Path | None, where: str) -> dict[str, Any]:
     """Normalise one raw image (HF Image storage struct, path or PIL image) to {bytes, path}."""
     if isinstance(image, dict):
@@ -118,9 +115,6 @@ CONVERTERS: dict[str, tuple[str, str | None, Callable[..., dict[str, Any]]]] = {
 }
 
 
-# ----------------------------------------------------------------------------- raw loading
-
-
 def _split_files(root: Path, split: str, config: str | None) -> list[Path]:
     """Parquet/JSONL files of one split in a Hub snapshot or a plain folder (`<split>*.parquet`)."""
     found: list[Path] = []
@@ -191,9 +185,6 @@ def load_raw_hub(name: str, config: str | None) -> dict[str, list[dict[str, Any]
     except Exception as err:  # network, auth or name problems all end the same way for the user
         raise UserError(f"--hub: cannot load {name} ({type(err).__name__}); use --raw PATH offline") from err
     return {s: loaded[s].with_format("arrow")[:].to_pylist() for s in SPLITS}
-
-
-# ----------------------------------------------------------------------------- writing
 
 
 def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:

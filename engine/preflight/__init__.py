@@ -193,7 +193,6 @@ PLAN_CHECKS: list[Callable[[Plan], list[str]]] = [
 ]
 
 
-# ---------------------------------------------------------------- environment (--check-env)
 def check_paths(plan: Plan) -> list[str]:
     model_dir = Path(plan.value("actor_rollout_ref.model.path"))
     problems = []

@@ -67,7 +67,6 @@ def overrides_digest(overrides: list[str]) -> str:
     return hashlib.sha256("\n".join(overrides).encode()).hexdigest()
 
 
-# ---------------------------------------------------------------- paths
 def _path(text: str) -> str:
     """Absolute, expanded paths: Ray workers do not share the driver's working directory."""
     expanded = os.path.expanduser(os.path.expandvars(text))
@@ -91,7 +90,6 @@ def _reward_file(spec: str) -> tuple[str, str]:
     return found.origin, function
 
 
-# ---------------------------------------------------------------- sections
 def _data(r: Recipe) -> list[Override]:
     d = r.data
     entries = [
@@ -333,7 +331,6 @@ def compile_recipe(recipe: Recipe) -> Plan:
     return Plan(recipe=recipe, model=model, entries=entries, env=_environment(recipe))
 
 
-# ---------------------------------------------------------------- rendering
 def _script(plan: Plan) -> str:
     r = plan.recipe
     lines = [

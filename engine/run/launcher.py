@@ -38,7 +38,6 @@ console = Console(highlight=False, soft_wrap=True)
 errors = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-# ------------------------------------------------------------------------------------------- planning
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("recipe", help="recipe name or YAML path")
@@ -118,7 +117,6 @@ def launch_env(p: Any, out: Path, metrics: Path | None = None) -> dict[str, str]
     return env
 
 
-# -------------------------------------------------------------------------------------------- running
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """Steps logged by verl's file logger (a partial last line is skipped)."""
     if not path.exists():

@@ -95,7 +95,6 @@ def select_kernels(kernels: str) -> str:
     return f"fla {dist_version('fla-core')} + Triton conv1d (triton {dist_version('triton')})"
 
 
-# ------------------------------------------------------------------------------ token log-probabilities
 CHUNK_BYTES = 1 << 30  # fp32 working set per chunk of rows in forward and backward
 
 

@@ -39,7 +39,6 @@ WORKER_CLASS = "vLLMColocateWorkerExtension"
 SYNC_METHOD = "update_weights_from_ipc"
 
 
-# ------------------------------------------------------------------------------- distribution alias
 def _dist_version(name: str) -> str | None:
     try:
         return md.version(name)
@@ -93,7 +92,6 @@ def install_dist_alias() -> bool:
     return True
 
 
-# -------------------------------------------------------------------------------------- weight sync
 def repack_cpu_moe_experts(model: Any) -> int:
     """Prepack every CPU unquantized MoE layer's experts again (vLLM skips it on weight updates)."""
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
