@@ -66,10 +66,10 @@ def test_rollout_registrations_resolve() -> None:
     from verl.workers.rollout.base import get_rollout_class
     from verl.workers.rollout.replica import get_rollout_replica_class
 
-    from engine import verl_ext
-    from engine.runtime import hf_rollout
+    from engine import verl_ext  # noqa: F401  (the registrations happen on import)
+    from engine.runtime import hf_rollout, rollout
 
-    assert verl_ext.registrations_present() == []
+    assert rollout.registrations_present() == []
     assert get_rollout_class("hf", "async") is hf_rollout.HFServerAdapter
     assert get_rollout_replica_class("hf") is hf_rollout.HFReplica
 
@@ -105,24 +105,24 @@ def test_gloo_fix_makes_a_process_group_on_cpu() -> None:
 
 
 def test_turbo_check_reads_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine import verl_ext
+    from engine.runtime import turbo_check
 
     main = [PYTHON, "-m", "verl.trainer.main_ppo"]
     turbo = "actor_rollout_ref.actor.strategy=fsdp_turbo"
-    assert verl_ext.turbo_strategy_requested([*main, turbo])
-    assert verl_ext.turbo_strategy_requested([*main, "actor_rollout_ref.ref.strategy='fsdp_turbo'"])
-    assert not verl_ext.turbo_strategy_requested([*main, "actor_rollout_ref.actor.strategy=fsdp2"])
+    assert turbo_check.turbo_strategy_requested([*main, turbo])
+    assert turbo_check.turbo_strategy_requested([*main, "actor_rollout_ref.ref.strategy='fsdp_turbo'"])
+    assert not turbo_check.turbo_strategy_requested([*main, "actor_rollout_ref.actor.strategy=fsdp2"])
     config = tmp_path / "mine.yaml"
     config.write_text("actor_rollout_ref:\n  actor:\n    strategy: fsdp_turbo  # turbo\n")
-    assert verl_ext.turbo_strategy_requested([*main, "--config-path", str(tmp_path), "--config-name=mine"])
-    assert verl_ext.is_trainer_driver(main)
+    assert turbo_check.turbo_strategy_requested([*main, "--config-path", str(tmp_path), "--config-name=mine"])
+    assert turbo_check.is_trainer_driver(main)
     ray_worker = [PYTHON, "/x/ray/_private/workers/default_worker.py", "--node-ip-address=1.2.3.4"]
-    assert not verl_ext.is_trainer_driver(ray_worker)
-    assert verl_ext.check_turbo([*ray_worker, turbo]) is None
-    monkeypatch.setattr(verl_ext, "find_spec", lambda name: None)  # FSDPTurbo absent
-    assert verl_ext.check_turbo([*main, turbo]) == verl_ext.TURBO_MISSING
-    monkeypatch.setattr(verl_ext, "find_spec", lambda name: object())  # FSDPTurbo importable
-    assert verl_ext.check_turbo([*main, turbo]) is None
+    assert not turbo_check.is_trainer_driver(ray_worker)
+    assert turbo_check.check_turbo([*ray_worker, turbo]) is None
+    monkeypatch.setattr(turbo_check, "find_spec", lambda name: None)  # FSDPTurbo absent
+    assert turbo_check.check_turbo([*main, turbo]) == turbo_check.TURBO_MISSING
+    monkeypatch.setattr(turbo_check, "find_spec", lambda name: object())  # FSDPTurbo importable
+    assert turbo_check.check_turbo([*main, turbo]) is None
 
 
 @pytest.mark.slow

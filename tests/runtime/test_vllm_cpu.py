@@ -109,12 +109,12 @@ def test_cpu_moe_prepack_still_skipped_on_weight_update() -> None:
 def cpu_env() -> Any:
     """Engines run in this process (no engine-core process: its imports cost ~30 s per engine on 2 busy
     cores); the spawned-process path, where verl's import applies the patch, is what the CI run uses."""
-    from engine import verl_ext
+    from engine import runtime
 
     extra = {"VERL_RAY_JOB_ID": f"test-{uuid.uuid4().hex[:8]}", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     saved = {key: os.environ.get(key) for key in [*CPU_ENV, *extra]}
     os.environ.update(CPU_ENV | extra)
-    assert verl_ext.install_vllm_cpu()
+    assert runtime.install_vllm_cpu()
     yield
     for key, value in saved.items():
         if value is None:
