@@ -19,8 +19,8 @@ from typing import Any
 
 from engine.errors import UserError
 from engine.recipes.hydra import Override
-from engine.recipes.loader import Recipe
 from engine.recipes.models import Family, ModelSpec, lookup
+from engine.recipes.schema import Recipe
 
 ARF = "actor_rollout_ref"
 ENTRYPOINT = ("-m", "verl.trainer.main_ppo")

@@ -6,7 +6,7 @@ import json
 
 from pydantic import BaseModel
 
-from engine.recipes.loader import MAPPING_FIELDS, Recipe, _section_type
+from engine.recipes.schema import MAPPING_FIELDS, Recipe, section_type
 
 
 def schema_markdown() -> str:
@@ -22,7 +22,7 @@ def schema_markdown() -> str:
     def walk(model: type[BaseModel], prefix: str) -> None:
         rows, sections = [], []
         for name, info in model.model_fields.items():
-            sub = _section_type(model, name)
+            sub = section_type(model, name)
             if sub is not None and name not in MAPPING_FIELDS:
                 sections.append((f"{prefix}{name}", sub))
                 continue

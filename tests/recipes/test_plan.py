@@ -223,13 +223,13 @@ def test_unwritable_dict_keys_are_refused_with_the_verl_key_named(key: str) -> N
 
 def test_every_recipe_field_is_described() -> None:
     """The reference has no empty rows: each key says what it means (as torchtitan and nf-core do)."""
-    from engine.recipes.loader import MAPPING_FIELDS, Recipe, _section_type
+    from engine.recipes.schema import MAPPING_FIELDS, Recipe, section_type
 
     missing = []
 
     def walk(model: type, prefix: str) -> None:
         for name, info in model.model_fields.items():
-            sub = _section_type(model, name)
+            sub = section_type(model, name)
             if not info.description and (sub is None or name in MAPPING_FIELDS):
                 missing.append(prefix + name)
             if sub is not None and name not in MAPPING_FIELDS:
