@@ -18,6 +18,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
 from engine import fsutil
 from engine.errors import ArgumentParser, UserError
 
@@ -44,11 +47,6 @@ TRACKED: dict[str, str] = {
     "numpy": "numpy",
 }
 _HEX40 = re.compile(r"\b[0-9a-f]{40}\b")
-
-
-def canonical(name: str) -> str:
-    """PEP 503 name, so `torch_npu`, `torch-npu` and `Torch.NPU` compare equal."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def pins_path() -> Path:
@@ -86,8 +84,8 @@ def expected_versions(stack: str, pins: dict[str, Any] | None = None) -> dict[st
     """What the stack pins, keyed like installed_versions(): packages, engine and FSDPTurbo commit."""
     pins = pins if pins is not None else load_pins()
     section = stack_pins(stack, pins)
-    by_canonical = {canonical(dist): key for key, dist in TRACKED.items()}
-    expected = {by_canonical.get(canonical(name), name): str(v) for name, v in section["packages"].items()}
+    by_name = {canonicalize_name(dist): key for key, dist in TRACKED.items()}
+    expected = {by_name.get(canonicalize_name(name), name): str(v) for name, v in section["packages"].items()}
     expected["engine"] = str(pins["engine"]["version"])
     if section.get("kind") == "image":
         expected["fsdp_turbo_commit"] = str(pins["fsdp_turbo"]["commit"])
@@ -182,9 +180,17 @@ def verl_extension(
     return {"module": module, "enabled": module in named, "importable": importable}
 
 
+def public_version(version: str) -> str:
+    """The version without its local label (torch 2.11.0+cu130 -> 2.11.0); unparsable ones as given."""
+    try:
+        return Version(version).public
+    except InvalidVersion:
+        return version.split("+", 1)[0]
+
+
 def _same_version(pinned: str, installed: str) -> bool:
     """Pins name public versions; wheels may add a local label (torch 2.11.0+cu130)."""
-    return installed.split("+", 1)[0] == pinned.split("+", 1)[0]
+    return public_version(installed) == public_version(pinned)
 
 
 def drift(

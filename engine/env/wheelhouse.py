@@ -26,11 +26,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import canonicalize_name
 from rich.console import Console
 from rich.progress import Progress
 
 from engine import errors, fsutil
-from engine.env.pins import canonical
+from engine.env.pins import public_version
 from engine.errors import ArgumentParser, OutputError, UserError
 from engine.hashing import sha256_file
 
@@ -62,7 +63,7 @@ def parse_pins(text: str, source: str = "<pins>") -> dict[str, str]:
         match = PIN.match(line)
         if not match:
             raise UserError(f"{source}:{number}: {line!r} is not an exact NAME==VERSION pin; pin it")
-        name, version = canonical(match.group(1)), match.group(3)
+        name, version = canonicalize_name(match.group(1)), match.group(3)
         if pins.get(name, version) != version:
             raise UserError(f"{source}:{number}: {name} pinned twice ({pins[name]} and {version}); keep one")
         pins[name] = version
@@ -76,7 +77,7 @@ def lock_hashes(text: str) -> dict[str, set[str]]:
     for raw in text.splitlines():
         match = PIN.match(raw.strip()) if not raw[:1].isspace() else None
         if match:
-            current = canonical(match.group(1))
+            current = canonicalize_name(match.group(1))
         elif not raw[:1].isspace():
             current = None
         if current:
@@ -92,7 +93,7 @@ def read_names(path: str) -> set[str]:
         if line:
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", line):
                 raise UserError(f"--only {path}: {line!r} is not a package name; one name a line")
-            names.add(canonical(line))
+            names.add(canonicalize_name(line))
     return names
 
 
@@ -145,21 +146,17 @@ def _pure(filename: str) -> bool:
     return filename.endswith("-none-any.whl")
 
 
-def _public(version: str) -> str:
-    return version.split("+", 1)[0]
-
-
 def _skipped(args: argparse.Namespace, pins: dict[str, str]) -> tuple[set[str], dict[str, str]]:
     """(names to leave out, name -> the other version the target has, carried anyway).
 
     A `pip freeze` line skips a pin only at the same public version (torch 2.11.0+cu130 is 2.11.0):
     the target's transformers 5.17.0 does not stand in for a pinned 5.9.0.
     """
-    names = {canonical(name) for name in args.skip}
+    names = {canonicalize_name(name) for name in args.skip}
     differs: dict[str, str] = {}
     for path in args.skip_from:
         for name, version in _freeze(Path(path)).items():
-            if name in pins and _public(version) == _public(pins[name]):
+            if name in pins and public_version(version) == public_version(pins[name]):
                 names.add(name)
             elif name in pins:
                 differs[name] = version
@@ -173,7 +170,7 @@ def _freeze(path: Path) -> dict[str, str]:
     for raw in text.splitlines():
         match = PIN.match(raw.strip())
         if match:
-            found[canonical(match.group(1))] = match.group(3)
+            found[canonicalize_name(match.group(1))] = match.group(3)
     return found
 
 

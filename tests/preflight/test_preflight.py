@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine import preflight
-from engine.preflight import memory
+from engine.preflight import env_checks, memory
 from engine.recipes import loader, models, plan
 
 
@@ -166,13 +166,13 @@ def test_cp_patch_targets_resolve_in_installed_transformers() -> None:
     for family in (models.QWEN3_5, models.QWEN3_5_MOE):
         for target in family.patch_targets():
             if not target.startswith("fsdp_turbo"):
-                assert preflight._resolve(target), target
-    assert not preflight._resolve("transformers.models.qwen3_5.modeling_qwen3_5.NoSuchClass.forward")
+                assert env_checks.resolve(target), target
+    assert not env_checks.resolve("transformers.models.qwen3_5.modeling_qwen3_5.NoSuchClass.forward")
 
 
 def test_transformers_range_check_reads_verls_declared_range() -> None:
     pytest.importorskip("verl")
-    assert preflight._transformers_range() == []  # the pinned dev env is inside verl's range
+    assert env_checks.transformers_range() == []  # the pinned dev env is inside verl's range
 
 
 def test_check_env_passes_on_the_built_tiny_assets(tmp_path: Path) -> None:
