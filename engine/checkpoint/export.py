@@ -69,16 +69,21 @@ def expected_layout(config: Any, dtype: Any) -> tuple[dict[str, tuple[int, ...]]
 
 def read_exported(out: Path) -> dict[str, tuple[tuple[int, ...], str, str]]:
     """key -> (shape, safetensors dtype, file) from the headers of the exported files."""
+    from safetensors import SafetensorError, safe_open
+
     found: dict[str, tuple[tuple[int, ...], str, str]] = {}
     for f in sorted(out.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(n))
-        for key, meta in header.items():
-            if key != "__metadata__":
-                if key in found:
-                    raise UserError(f"export verification failed: {key} is in two files")
-                found[key] = (tuple(meta["shape"]), meta["dtype"], f.name)
+        try:
+            with safe_open(f, framework="pt") as handle:
+                for key in handle.keys():  # noqa: SIM118  (a safe_open handle is not iterable)
+                    if key in found:
+                        raise UserError(f"export verification failed: {key} is in two files")
+                    piece = handle.get_slice(key)
+                    found[key] = (tuple(piece.get_shape()), piece.get_dtype(), f.name)
+        except SafetensorError as err:
+            raise UserError(
+                f"export verification failed: {f.name} is not readable safetensors ({err})"
+            ) from None
     index = out / "model.safetensors.index.json"
     if index.exists():
         weight_map = json.loads(index.read_text())["weight_map"]
