@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from engine import fsutil
+from engine.checkpoint import experts
+from engine.checkpoint import layout as ckpt_layout
 from engine.checkpoint.merge import local_region
 from engine.errors import ArgumentParser, UserError
 
@@ -37,11 +39,11 @@ def _layout_for(
     if layout == "fsdp":
         return (world,), ("fsdp",), [Shard(0)]
     if layout == "turbo":
-        if "mlp.experts." in key and ndim == 3:
+        if experts.is_expert_key(key) and ndim == 3:
             return half, ("ep", "efsdp"), [Shard(0), Shard(1)]
         return (world,), ("dp_fsdp",), [Shard(0)]
     if layout == "nested2d":
-        if ndim >= 2 and "mlp.experts." in key:
+        if ndim >= 2 and experts.is_expert_key(key):
             return half, ("dp", "fsdp"), [Shard(0), Replicate()]
         if ndim >= 2:
             return half, ("dp", "fsdp"), [Shard(0), Shard(1)]
@@ -62,7 +64,7 @@ def _synthetic_rank(rank: int, world: int, port: int, jobs: list[dict[str, Any]]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     for job in jobs:
-        layout, actor = job["layout"], Path(job["out"]) / f"global_step_{job['step']}" / "actor"
+        layout, actor = job["layout"], ckpt_layout.actor_dir(job["out"], job["step"])
         actor.mkdir(parents=True, exist_ok=True)
         if layout in ("fsdp2", "hsdp"):
             import transformers
@@ -109,11 +111,11 @@ def _synthetic_rank(rank: int, world: int, port: int, jobs: list[dict[str, Any]]
             (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}))
             shutil.copytree(
                 job["model_dir"],
-                actor / "huggingface",
+                actor / ckpt_layout.HF_DIR,
                 dirs_exist_ok=True,
                 ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "*.index.json"),
             )
-            (Path(job["out"]) / "latest_checkpointed_iteration.txt").write_text(str(job["step"]))
+            ckpt_layout.write_tracker(job["out"], job["step"])
         dist.barrier()
     dist.destroy_process_group()
 
@@ -222,7 +224,7 @@ def bench_main(argv: list[str]) -> int:
             f"writing a {n_params / 1e9:.2f}B-parameter fp32 checkpoint, {args.world_size} ranks"
         ):
             t0 = time.perf_counter()
-            if not (ckpt / "latest_checkpointed_iteration.txt").exists():
+            if not ckpt_layout.tracker(ckpt).exists():
                 job = {
                     "layout": "fsdp",
                     "out": str(ckpt),
@@ -232,7 +234,7 @@ def bench_main(argv: list[str]) -> int:
                 }
                 write_synthetic_checkpoints([job], args.world_size)
             written = time.perf_counter() - t0
-        actor = ckpt / "global_step_1" / "actor"
+        actor = ckpt_layout.actor_dir(ckpt, 1)
         rows = {}
         for name, cmd in (
             (

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import fsutil
-from engine.checkpoint import merge
+from engine.checkpoint import experts, layout, merge
 from engine.errors import ArgumentParser, OutputError, UserError
 from engine.hashing import sha256_file
 from engine.records.model_card import model_card
@@ -63,7 +63,7 @@ def expected_layout(config: Any, dtype: Any) -> tuple[dict[str, tuple[int, ...]]
     shapes: dict[str, tuple[int, ...]] = {}
     for key, tensor in model.state_dict().items():
         if key not in tied:
-            shapes.update(merge.split_expert_specs(key, tuple(tensor.shape)))
+            shapes.update(experts.split_expert_specs(key, tuple(tensor.shape)))
     return shapes, tied
 
 
@@ -99,8 +99,8 @@ def verify_structure(out: Path, config: Any, dtype: Any) -> dict[str, Any]:
     expected, tied = expected_layout(config, dtype)
     found = read_exported(out)
     want_dtype = merge.SAFETENSORS_DTYPES[str(dtype)]
-    fused = [k for k in found if k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))]
-    per_expert = [k for k in found if ".mlp.experts." in k]
+    fused = [k for k in found if experts.is_fused(k)]
+    per_expert = [k for k in found if experts.is_expert_key(k)]
     problems = (
         [f"fused expert tensors {fused[:2]}: transformers saves and loads per-expert keys"] if fused else []
     )
@@ -194,10 +194,10 @@ def _dtensor_export(
             specs = [
                 (k, s, _out_dtype(plans[key], dtype))
                 for key in group
-                for k, s in merge.split_expert_specs(key, plans[key].shape)
+                for k, s in experts.split_expert_specs(key, plans[key].shape)
             ]
             merged = merge.iter_merged(files, [plans[k] for k in group], dtype=dtype)
-            pieces = (piece for key, full in merged for piece in merge.split_experts(key, full))
+            pieces = (piece for key, full in merged for piece in experts.split_experts(key, full))
             hashes[name] = merge.write_safetensors(
                 tmp / name, specs, pieces, on_bytes=lambda n: progress.advance(task, n)
             )
@@ -284,7 +284,7 @@ def export(
         if logits:
             with merge.quiet_mesh_warnings():
                 verification["logits"] = verify_logits(tmp, files, plans, config, torch_dtype)
-        step = actor.parent.name.removeprefix("global_step_")
+        step = layout.step_name(actor.parent)
         report = {
             "checkpoint": str(actor),
             "step": step,

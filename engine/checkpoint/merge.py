@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import fsutil
+from engine.checkpoint import layout
 from engine.errors import UserError
 
 SAFETENSORS_DTYPES = {
@@ -45,16 +46,16 @@ def resolve_actor_dir(path: str | Path) -> Path:
     p = Path(path).expanduser().resolve()
     if not p.is_dir():
         raise UserError(f"checkpoint {p} is not a directory: pass a checkpoint root, global_step_N or actor/")
-    tracker = p / "latest_checkpointed_iteration.txt"
+    tracker = layout.tracker(p)
     if tracker.is_file():
         step = fsutil.read_text(tracker, "tracker", "it names the step verl saved last").strip()
-        p = p / f"global_step_{step}"
+        p = layout.step_dir(p, step)
         if not p.is_dir():
             raise UserError(
                 f"{tracker} names step {step} but {p} is missing: fix the tracker or pass a step dir"
             )
-    if (p / "actor").is_dir():
-        p = p / "actor"
+    if (p / layout.ACTOR).is_dir():
+        p = p / layout.ACTOR
     if not (p / "fsdp_config.json").is_file():
         raise UserError(f"{p} has no fsdp_config.json: not a verl FSDP actor checkpoint")
     return p
@@ -257,35 +258,6 @@ def write_safetensors(
             if on_bytes:
                 on_bytes(len(data))
     return digest.hexdigest()
-
-
-def split_experts(key: str, tensor: Any) -> Iterator[tuple[str, Any]]:
-    """Fused `mlp.experts.{gate_up_proj,down_proj}` -> the per-expert keys transformers saves and loads."""
-    prefix, _, name = key.rpartition(".")
-    if not prefix.endswith("mlp.experts") or name not in ("gate_up_proj", "down_proj"):
-        yield key, tensor
-        return
-    for e in range(tensor.shape[0]):
-        if name == "down_proj":
-            yield f"{prefix}.{e}.down_proj.weight", tensor[e]
-        else:
-            half = tensor.shape[1] // 2
-            yield f"{prefix}.{e}.gate_proj.weight", tensor[e, :half]
-            yield f"{prefix}.{e}.up_proj.weight", tensor[e, half:]
-
-
-def split_expert_specs(key: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
-    prefix, _, name = key.rpartition(".")
-    if not prefix.endswith("mlp.experts") or name not in ("gate_up_proj", "down_proj") or len(shape) != 3:
-        return [(key, shape)]
-    out: list[tuple[str, tuple[int, ...]]] = []
-    for e in range(shape[0]):
-        if name == "down_proj":
-            out.append((f"{prefix}.{e}.down_proj.weight", shape[1:]))
-        else:
-            half = (shape[1] // 2, shape[2])
-            out += [(f"{prefix}.{e}.gate_proj.weight", half), (f"{prefix}.{e}.up_proj.weight", half)]
-    return out
 
 
 @contextlib.contextmanager

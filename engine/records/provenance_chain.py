@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from engine.checkpoint import layout
 from engine.errors import UserError
 
 ENGINE = "python -m engine"
@@ -44,9 +45,8 @@ def files_of(paths: list[Path]) -> list[Path]:
 def checkpoint_files(run_dir: Path) -> list[Path]:
     """Files of the step the tracker names (what `engine export` reads), else of every step."""
     root = run_dir / "checkpoints"
-    tracker = root / "latest_checkpointed_iteration.txt"
-    step = tracker.read_text().strip() if tracker.is_file() else ""
-    chosen = root / f"global_step_{step}"
+    step = layout.tracked_step(root)
+    chosen = layout.step_dir(root, step)
     return files_of([chosen if step and chosen.is_dir() else root])
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from rich.console import Console
 
 from engine import fsutil
+from engine.checkpoint import layout
 from engine.errors import ArgumentParser, UserError
 from engine.recipes.models import TINY_MODELS
 from engine.run import gates
@@ -219,14 +220,6 @@ def outcome(code: int, rows: list[dict[str, Any]], total: int | None, saved: int
     return (code if code != 0 else (0 if done else 1)), trained
 
 
-def saved_step(checkpoint_dir: Path) -> int:
-    """The step of verl's latest finished checkpoint (its tracker file), 0 when there is none."""
-    try:
-        return int((checkpoint_dir / "latest_checkpointed_iteration.txt").read_text().strip())
-    except (OSError, ValueError):
-        return 0
-
-
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -301,7 +294,7 @@ def run_main(argv: list[str]) -> int:
         raise
     rows = read_metrics(metrics)
     last = max((int(row["step"]) for row in rows), default=0)
-    saved = saved_step(Path(p.value("trainer.default_local_dir")))
+    saved = layout.saved_step(Path(p.value("trainer.default_local_dir")))
     result, trained = outcome(code, rows, total, saved)
     checks = gates.evaluate(rows, r.cluster.device, r.name)
     if result == 0 and gates.failed(checks):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import re
 from collections import Counter
 from typing import Any
 
@@ -30,6 +29,7 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from engine.checkpoint.experts import fuse_experts
 from engine.runtime import mutations
 
 SERVER_PREFIX = "hf_rollout_server"
@@ -65,33 +65,6 @@ def load_model(path: str, trust_remote_code: bool = False) -> torch.nn.Module:
     model_cls = getattr(transformers, arch, transformers.AutoModelForCausalLM)
     model = model_cls.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
     return model.eval()
-
-
-_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<index>\d+)\.(?P<proj>(gate|up|down)_proj)\.weight$")
-
-
-def fuse_experts(weights: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """verl exports MoE experts one by one (`experts.{i}.{gate,up,down}_proj.weight`, the inference-engine
-    layout); transformers keeps them fused (`experts.gate_up_proj` [E, 2I, H] with gate first,
-    `experts.down_proj` [E, H, I]). Fuse when the model has the fused parameters."""
-    grouped: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in weights.items():
-        match = _EXPERT.match(name)
-        if match and f"{match['prefix']}.gate_up_proj" in own:
-            by_proj = grouped.setdefault(match["prefix"], {})
-            by_proj.setdefault(match["proj"], {})[int(match["index"])] = tensor
-        else:
-            out[name] = tensor
-    for prefix, projs in grouped.items():
-        count = own[f"{prefix}.gate_up_proj"].shape[0]
-        if any(sorted(projs.get(p, {})) != list(range(count)) for p in ("gate_proj", "up_proj", "down_proj")):
-            raise KeyError(f"hf rollout: incomplete expert set under {prefix} (expected {count} experts)")
-        out[f"{prefix}.gate_up_proj"] = torch.stack(
-            [torch.cat([projs["gate_proj"][e], projs["up_proj"][e]], dim=0) for e in range(count)]
-        )
-        out[f"{prefix}.down_proj"] = torch.stack([projs["down_proj"][e] for e in range(count)])
-    return out
 
 
 class HFRolloutServer:

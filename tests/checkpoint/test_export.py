@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from benchmarks.export import write_synthetic_checkpoints  # noqa: E402
-from engine.checkpoint import export, merge  # noqa: E402
+from engine.checkpoint import experts, export, merge  # noqa: E402
 from engine.errors import UserError  # noqa: E402
 
 TEXT = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
@@ -154,7 +154,7 @@ def test_verification_rejects_fused_experts_and_wrong_keys(tmp_path: Path) -> No
     save_file(fused, str(tmp_path / "model.safetensors"))
     with pytest.raises(UserError, match=r"fused expert tensors"):
         export.verify_structure(tmp_path, config, torch.bfloat16)
-    split = {k: t.contiguous() for key, v in fused.items() for k, t in merge.split_experts(key, v)}
+    split = {k: t.contiguous() for key, v in fused.items() for k, t in experts.split_experts(key, v)}
     save_file(split, str(tmp_path / "model.safetensors"))
     assert export.verify_structure(tmp_path, config, torch.bfloat16)["expert_keys"] == 2 * 2 * 3
     split.pop("lm_head.weight")

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 
 from engine import fsutil
+from engine.checkpoint.layout import saved_step
 from engine.data import assets as tiny_assets
 from engine.records.rerun import compare_metrics
-from engine.run.launcher import read_metrics, saved_step
+from engine.run.launcher import read_metrics
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow

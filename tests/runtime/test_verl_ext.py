@@ -219,7 +219,7 @@ def test_hf_server_fuses_per_expert_weights_from_verl(tiny_model: Path) -> None:
     """verl syncs MoE experts one by one; the transformers model keeps them fused (gate before up)."""
     import torch
 
-    from engine.runtime.hf_rollout import fuse_experts
+    from engine.checkpoint.experts import fuse_experts
 
     server = _server(tiny_model.parent / "tiny-qwen35-moe")
     own = {name: tensor.clone() for name, tensor in server.model.state_dict().items()}

@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from engine.run.launcher import saved_step
+from engine.checkpoint.layout import saved_step
 
 
 def main(run_dir: str) -> int:
