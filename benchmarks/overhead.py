@@ -27,8 +27,8 @@ from engine.run.launcher import (
     build_plan,
     console,
     launch_env,
-    read_metrics,
 )
+from engine.run.rundir import RunDir, read_metrics
 
 
 def measure(
@@ -109,7 +109,7 @@ def bench_main(argv: list[str]) -> int:
     ours = measure(engine_cmd, dict(os.environ), out / "engine.log")
     bare_out.mkdir(parents=True, exist_ok=True)
     console.print("bench 2/2: the same verl command launched bare")
-    bare = measure(p.command, launch_env(p, bare_out), bare_out / "train.log")
+    bare = measure(p.command, launch_env(p, bare_out), RunDir(bare_out).log)
     ratio = round(ours["wall_s"] / bare["wall_s"], 3) if bare["wall_s"] else None
     table = Table(title=f"{p.recipe.name} on {p.recipe.cluster.device}")
     for column in ("", "engine run", "bare verl", "target"):
@@ -123,7 +123,7 @@ def bench_main(argv: list[str]) -> int:
     table.add_row("processes (max)", str(ours["max_processes"]), str(bare["max_processes"]), "")
     table.add_row("overhead (wall ratio)", f"{ratio}", "1", f"<= {args.max_overhead:g}")
     target = p.recipe.trainer.total_training_steps
-    trained = {name: len(read_metrics(out / name / "metrics.jsonl")) for name in ("engine", "bare")}
+    trained = {name: len(read_metrics(RunDir(out / name).metrics)) for name in ("engine", "bare")}
     table.add_row("steps trained", str(trained["engine"]), str(trained["bare"]), str(target))
     checks = {
         "exit_codes_zero": ours["exit_code"] == 0 and bare["exit_code"] == 0,

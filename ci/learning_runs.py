@@ -20,7 +20,7 @@ from pathlib import Path
 
 from engine.data import assets as tiny_assets
 from engine.run import gates
-from engine.run.launcher import read_metrics
+from engine.run.rundir import RunDir
 from engine.runtime import mutations
 
 RECIPE = "tiny_cpu_learn"
@@ -44,8 +44,8 @@ def launch(name: str, out: Path, assets: Path) -> None:
 
 
 def summary(name: str, out: Path) -> dict:
-    rows = read_metrics(out / "metrics.jsonl")
-    record = json.loads((out / "run.json").read_text())
+    rows = RunDir(out).read_metrics()
+    record = json.loads(RunDir(out).record.read_text())
     k = gates.LEARNING[RECIPE].window
     rewards = [row["data"][gates.REWARD] for row in rows]
     first, last = statistics.fmean(rewards[:k]), statistics.fmean(rewards[-k:])
@@ -125,7 +125,7 @@ def main() -> int:
         print(f"error: --assets {args.assets} has no tiny-qwen35; {fix}", file=sys.stderr)
         return 2
     for name in RUNS:
-        if not (args.out / name / "run.json").is_file():
+        if not RunDir(args.out / name).record.is_file():
             launch(name, (args.out / name).resolve(), args.assets.resolve())
     stats = [summary(name, args.out / name) for name in RUNS]
     print(table(stats))

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engine.run.rundir import RunDir
+
 PROJECT_LICENSE = "apache-2.0"
 TAGS = ["grpo", "verl", "fsdp_turbo", "qwen3.5", "reinforcement-learning"]
 
@@ -21,7 +23,7 @@ def run_context(actor: Path) -> dict[str, Any]:
     import yaml
 
     run_dir = actor.parent.parent.parent
-    recipe_file = run_dir / "recipe.yaml"
+    recipe_file = RunDir(run_dir).recipe
     if not recipe_file.is_file():
         return {}
     return {"run_dir": run_dir, "recipe": yaml.safe_load(recipe_file.read_text()) or {}}

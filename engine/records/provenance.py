@@ -25,7 +25,9 @@ from engine.errors import ArgumentParser, UserError
 from engine.hashing import sha256_file
 from engine.recipes.plan import overrides_digest
 from engine.records.rocrate import crate_readme, ro_crate
+from engine.run import rundir
 from engine.run.redact import redact_env, scrub, scrub_obj
+from engine.run.rundir import RunDir
 
 SCHEMA = "qwen35-grpo-engine/provenance/1"
 
@@ -155,14 +157,12 @@ def _file_entries(paths: list[tuple[Path, str]], base: Path, seen: set[Path]) ->
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """verl's file-logger rows (torn lines skipped, as `engine run` reads them), numbers only."""
-    from engine.run.launcher import read_metrics as read_rows
-
     return [
         {
             "step": int(row["step"]),
             "data": {k: v for k, v in row.get("data", {}).items() if isinstance(v, (int, float))},
         }
-        for row in read_rows(path)
+        for row in rundir.read_metrics(path)
     ]
 
 
@@ -173,12 +173,13 @@ def build_record(
     from engine.records import provenance_chain
 
     fix = "the run directory must hold what `python -m engine run` wrote there"
-    run = fsutil.read_json(run_dir / "run.json", "run record", fix)
-    recipe_file = run_dir / "recipe.yaml"
+    files = RunDir(run_dir)
+    run = fsutil.read_json(files.record, "run record", fix)
+    recipe_file = files.recipe
     resolved = fsutil.read_yaml(recipe_file, "resolved recipe", fix) if recipe_file.is_file() else {}
     if not isinstance(resolved, dict):
         raise UserError(f"resolved recipe {recipe_file}: not a mapping; {fix}")
-    overrides_file = run_dir / "overrides.txt"
+    overrides_file = files.overrides
     overrides = (
         fsutil.read_text(overrides_file, "overrides", fix).split("\n") if overrides_file.is_file() else []
     )
@@ -192,7 +193,7 @@ def build_record(
     model_path = resolved.get("model", {}).get("path")
     if model_path and (repo / model_path / "config.json").is_file():
         inputs.append((repo / model_path / "config.json", "model_config"))
-    outputs = [(run_dir / "checkpoints", "checkpoint")] if (run_dir / "checkpoints").is_dir() else []
+    outputs = [(files.checkpoints, "checkpoint")] if files.checkpoints.is_dir() else []
     outputs += [(e, "export") for e in exports]
     steps: list[dict[str, Any]] = []
     if snakefile is not None:
@@ -200,7 +201,7 @@ def build_record(
         chained, steps = provenance_chain.steps(run_dir, exports, snakefile, run, configs)
         inputs = chained + inputs
     seen: set[Path] = set()
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = read_metrics(files.metrics)
     try:
         snakemake = metadata.version("snakemake")
     except metadata.PackageNotFoundError:
@@ -212,7 +213,7 @@ def build_record(
         "git": git_info(repo),
         "recipe": {
             "name": resolved.get("name") or run.get("recipe"),
-            "file": "recipe.yaml",
+            "file": rundir.RECIPE,
             "resolved": resolved,
             "device": run.get("device"),
         },
@@ -237,12 +238,12 @@ def build_record(
             [
                 (run_dir / n, "run")
                 for n in (
-                    "run.json",
-                    "recipe.yaml",
-                    "overrides.txt",
-                    "launch.sh",
-                    "metrics.jsonl",
-                    "train.log",
+                    rundir.RECORD,
+                    rundir.RECIPE,
+                    rundir.OVERRIDES,
+                    rundir.LAUNCH_SCRIPT,
+                    rundir.METRICS,
+                    rundir.LOG,
                 )
                 if (run_dir / n).is_file()
             ],
@@ -250,7 +251,7 @@ def build_record(
             seen,
         ),
         "metrics": {
-            "file": "metrics.jsonl",
+            "file": rundir.METRICS,
             "steps": len(rows),
             "last": rows[-1]["data"] if rows else {},
             "per_step": rows,
@@ -297,7 +298,7 @@ def write(
     run_dir = run_dir.resolve()
     if not run_dir.is_dir():
         raise UserError(f"run directory {run_dir} does not exist: pass the --out of `python -m engine run`")
-    if not (run_dir / "run.json").is_file():
+    if not RunDir(run_dir).record.is_file():
         raise UserError(f"{run_dir} is not a run directory (no run.json): pass the --out of `engine run`")
     for flag, paths in (("--export", exports), ("--data", data)):
         for path in paths:

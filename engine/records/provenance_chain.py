@@ -19,6 +19,7 @@ from typing import Any
 
 from engine.checkpoint import layout
 from engine.errors import UserError
+from engine.run.rundir import RunDir
 
 ENGINE = "python -m engine"
 
@@ -44,7 +45,7 @@ def files_of(paths: list[Path]) -> list[Path]:
 
 def checkpoint_files(run_dir: Path) -> list[Path]:
     """Files of the step the tracker names (what `engine export` reads), else of every step."""
-    root = run_dir / "checkpoints"
+    root = RunDir(run_dir).checkpoints
     step = layout.tracked_step(root)
     chosen = layout.step_dir(root, step)
     return files_of([chosen if step and chosen.is_dir() else root])
@@ -63,9 +64,10 @@ def steps(
     manifest_path = _need(chain / "data" / "manifest.json", "prepare_data step")
     manifest = json.loads(manifest_path.read_text())
     data = [chain / "data" / name for name in sorted(manifest.get("files", {}))] + [manifest_path]
-    smoke_run = _need(chain / "smoke" / "run.json", "smoke step")
+    smoke_dir = RunDir(chain / "smoke")
+    smoke_run = _need(smoke_dir.record, "smoke step")
     smoke = json.loads(smoke_run.read_text())
-    smoke_files = [p for p in (smoke_run, chain / "smoke" / "metrics.jsonl") if p.is_file()]
+    smoke_files = [p for p in (smoke_run, smoke_dir.metrics) if p.is_file()]
     train_data = [p for p in data if p.suffix == ".parquet"]
     found = [
         {
@@ -94,7 +96,7 @@ def steps(
             "start": run.get("start"),
             "end": run.get("end"),
             "exit_code": run.get("exit_code"),
-            "object": train_data + model_config + [run_dir / "recipe.yaml"],
+            "object": train_data + model_config + [RunDir(run_dir).recipe],
             "result": checkpoint_files(run_dir),
         },
     ]

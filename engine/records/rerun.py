@@ -13,6 +13,7 @@ from pathlib import Path
 from engine import fsutil
 from engine.errors import ArgumentParser, UserError
 from engine.records.provenance import read_metrics, read_record
+from engine.run.rundir import RunDir
 
 
 def compare_metrics(
@@ -83,7 +84,7 @@ def rerun_main(argv: list[str]) -> int:
     if code != 0:
         print(f"rerun: the run exited {code}", file=sys.stderr)
         return code
-    problems = compare_metrics(per_step, read_metrics(out / "metrics.jsonl"), args.keys, args.rtol, args.atol)
+    problems = compare_metrics(per_step, read_metrics(RunDir(out).metrics), args.keys, args.rtol, args.atol)
     for line in problems:
         print(f"rerun: {line}", file=sys.stderr)
     print(f"rerun: {'metrics differ' if problems else 'step metrics reproduced'} ({out})")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from engine import fsutil
 from engine.errors import TIMED_OUT, ArgumentParser, UserError, WaitTimeout, entry
+from engine.run import rundir
 
 BASE_PORT = 6379
 # Environment every Ray process needs besides the plan's own: how Python finds the engine, where the
@@ -252,7 +253,7 @@ def cli_main(argv: list[str]) -> int:
     if args.action == "script":
         print(script, end="")
         return 0
-    path = fsutil.atomic_write(args.out / "ray_cluster.sh", script)
+    path = fsutil.atomic_write(args.out / rundir.CLUSTER_SCRIPT, script)
     os.execvp("bash", ["bash", str(path)])
     return 1  # not reached
 

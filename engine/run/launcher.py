@@ -31,8 +31,9 @@ from engine import fsutil
 from engine.checkpoint import layout
 from engine.errors import ArgumentParser, UserError
 from engine.recipes.models import TINY_MODELS
-from engine.run import gates
+from engine.run import gates, rundir
 from engine.run.redact import redact_env, scrub, secret_values
+from engine.run.rundir import RunDir, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 console = Console(highlight=False, soft_wrap=True)
@@ -53,20 +54,16 @@ def _write_scrubbed(path: Path, text: str) -> None:
     fsutil.atomic_write(path, scrub(text))
 
 
-# What `engine run` writes into its directory; an attempt stages them and publishes them together.
-RUN_FILES = ("launch.sh", "overrides.txt", "recipe.yaml", "train.log", "metrics.jsonl", "run.json")
-LAST_ATTEMPT = "last-attempt"
-
-
 def reusable_run_dir(recipe_name: str) -> Callable[[Path], str | None]:
     """`run` resumes in its own run directory of the same recipe, and writes into no other non-empty one."""
 
     def reuse(out: Path) -> str | None:
-        if not any((out / name).exists() for name in (*RUN_FILES, "checkpoints", "ray_cluster.sh")):
+        run = RunDir(out)
+        if not run.holds_run():
             return "it is not empty and holds no run (no run.json, launch.sh or checkpoints/)"
-        if (out / "run.json").exists():
+        if run.record.exists():
             try:
-                earlier = json.loads((out / "run.json").read_text()).get("recipe")
+                earlier = json.loads(run.record.read_text()).get("recipe")
             except (OSError, ValueError, AttributeError):
                 return "its run.json is unreadable, so it is not a run directory this command made"
             if earlier != recipe_name:
@@ -89,7 +86,7 @@ def build_plan(ref: str, device: str | None, sets: list[str], out: Path) -> Any:
         loggers.append("file")
     run_sets = [
         *sets,
-        f"trainer.checkpoint_dir={out / 'checkpoints'}",
+        f"trainer.checkpoint_dir={RunDir(out).checkpoints}",
         f"trainer.logger=[{','.join(loggers)}]",
     ]
     resolved = loader.load(ref, device=device, sets=run_sets)
@@ -112,23 +109,10 @@ def _ensure_tiny_assets(r: Any) -> None:
 
 def launch_env(p: Any, out: Path, metrics: Path | None = None) -> dict[str, str]:
     env = dict(os.environ) | dict(p.env)
-    env["VERL_FILE_LOGGER_PATH"] = str(metrics or out / "metrics.jsonl")
+    env["VERL_FILE_LOGGER_PATH"] = str(metrics or RunDir(out).metrics)
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(x for x in [str(ROOT), env.get("PYTHONPATH", "")] if x)
     return env
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Steps logged by verl's file logger (a partial last line is skipped)."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return [row for row in rows if isinstance(row, dict) and "step" in row]
 
 
 def progress_line(row: dict[str, Any], total: int | None) -> str:
@@ -230,17 +214,17 @@ def _publish_attempt(stage: Path, out: Path, logged_steps: bool) -> Path:
     nothing: its files fill only the names the run lacks (run.json after Snakemake removed it) and the
     rest go to LAST_ATTEMPT, so the earlier run's files and the record over them stay intact."""
     if logged_steps:
-        fsutil.move_into(stage, out, last=("run.json",))
+        fsutil.move_into(stage, out, last=(rundir.RECORD,))
         return out
-    for name in sorted((p.name for p in stage.iterdir()), key=lambda n: (n == "run.json", n)):
+    for name in sorted((p.name for p in stage.iterdir()), key=lambda n: (n == rundir.RECORD, n)):
         if not (out / name).exists():
             os.replace(stage / name, out / name)
     if not any(stage.iterdir()):
         stage.rmdir()
         return out
-    with fsutil.publish_dir(out / LAST_ATTEMPT, replace=True) as target:
+    with fsutil.publish_dir(RunDir(out).last_attempt, replace=True) as target:
         fsutil.move_into(stage, target)
-    return out / LAST_ATTEMPT
+    return RunDir(out).last_attempt
 
 
 @contextlib.contextmanager
@@ -276,10 +260,11 @@ def run_main(argv: list[str]) -> int:
     # Nothing of an earlier run is touched until this attempt is over: it writes into a stage.
     out.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".attempt.", suffix=fsutil.PARTIAL, dir=out))
-    log, metrics = stage / "train.log", stage / "metrics.jsonl"
-    _write_scrubbed(stage / "launch.sh", plan_mod.render(p, "script"))
-    _write_scrubbed(stage / "overrides.txt", plan_mod.render(p, "overrides"))
-    _write_scrubbed(stage / "recipe.yaml", loader.to_yaml(p.recipe))
+    staged = RunDir(stage)
+    log, metrics = staged.log, staged.metrics
+    _write_scrubbed(staged.launch_script, plan_mod.render(p, "script"))
+    _write_scrubbed(staged.overrides, plan_mod.render(p, "overrides"))
+    _write_scrubbed(staged.recipe, loader.to_yaml(p.recipe))
     console.print(f"[bold]{r.name}[/bold] on {r.cluster.device} x{p.world_size}: log {log} (live)")
     started, t0 = _now(), time.monotonic()
     try:
@@ -306,7 +291,7 @@ def run_main(argv: list[str]) -> int:
         "command": p.command,
         "command_line": shlex.join(p.command),
         "sets": args.sets,  # recipe changes made at launch (e.g. fsdp2 in place of fsdp_turbo), visible
-        "env": redact_env(dict(p.env) | {"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl")}),
+        "env": redact_env(dict(p.env) | {"VERL_FILE_LOGGER_PATH": str(RunDir(out).metrics)}),
         "start": started,
         "end": _now(),
         "wall_s": round(time.monotonic() - t0, 2),
@@ -318,7 +303,7 @@ def run_main(argv: list[str]) -> int:
         "status": status,
         "gates": [check.as_dict() for check in checks],
     }
-    _write_scrubbed(stage / "run.json", json.dumps(record, indent=2) + "\n")
+    _write_scrubbed(staged.record, json.dumps(record, indent=2) + "\n")
     where = _publish_attempt(stage, out, bool(rows))
     if where != out:
         console.print(
@@ -327,12 +312,12 @@ def run_main(argv: list[str]) -> int:
     for check, line in zip(checks, gates.summary_lines(checks), strict=True):
         console.print(line, style={"pass": "green", "fail": "red"}.get(check.status, "dim"), markup=False)
     if code != 0:
-        tail = (where / "train.log").read_text(errors="replace").splitlines()[-25:]
+        tail = RunDir(where).log.read_text(errors="replace").splitlines()[-25:]
         console.print("\n".join(tail), markup=False, style="dim")
-        console.print(f"verl exited with {code}; full log: {where / 'train.log'}", style="red")
+        console.print(f"verl exited with {code}; full log: {RunDir(where).log}", style="red")
     elif result == gates.EXIT_GATE_FAILED:
         names = ", ".join(check.name for check in gates.failed(checks))
-        console.print(f"trained, but the gate(s) {names} failed; see {where / 'run.json'}", style="red")
+        console.print(f"trained, but the gate(s) {names} failed; see {RunDir(where).record}", style="red")
     elif result != 0:
         console.print(
             f"verl exited 0 but this launch logged {len(rows)} step(s), last step {last} of {total}, and the "
@@ -343,6 +328,6 @@ def run_main(argv: list[str]) -> int:
         console.print(f"already trained: the checkpoint holds step {saved} of {total}; nothing left to do")
     else:
         console.print(
-            f"done: {len(rows)} step(s) in {record['wall_s']:.0f} s; {out / 'run.json'}", style="green"
+            f"done: {len(rows)} step(s) in {record['wall_s']:.0f} s; {RunDir(out).record}", style="green"
         )
     return result

@@ -28,7 +28,7 @@ from typing import Any
 from engine import errors, fsutil
 from engine.errors import ArgumentParser, UserError
 from engine.run import gates
-from engine.run.launcher import read_metrics
+from engine.run.rundir import RunDir, read_metrics
 
 SPLIT = {  # report name -> verl timer (timing_s/<name>)
     "generation": "gen",
@@ -73,7 +73,7 @@ def run_gates(rows: list[dict[str, Any]], max_probs_diff: float, max_log_ppl_dif
 
 def _sequences(run_dir: Path) -> int:
     """Responses per step (prompts x group size) from the recipe `engine run` saved."""
-    path = run_dir / "recipe.yaml"
+    path = RunDir(run_dir).recipe
     if not path.is_file():
         raise UserError(f"{run_dir}: no recipe.yaml; pass a directory written by `engine run`")
     recipe = fsutil.read_yaml(path, "recipe", "pass a directory written by `engine run`")
@@ -84,7 +84,7 @@ def _sequences(run_dir: Path) -> int:
 
 
 def report(run_dir: Path, max_probs_diff: float, max_log_ppl_diff: float) -> dict[str, Any]:
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = read_metrics(RunDir(run_dir).metrics)
     if not rows:
         raise UserError(f"{run_dir}: metrics.jsonl has no steps; run `engine run` first")
     sequences = _sequences(run_dir)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from engine import cli, fsutil
 from engine.errors import OutputError
-from engine.run import launcher
+from engine.run import launcher, rundir
 from tests.conftest import ROOT
 from tests.support.bad_input_world import Case, build, check, read_only_dir, snapshot
 
@@ -221,7 +221,7 @@ def test_workflow_runs_preflight_before_any_job() -> None:
 
 # ---------------------------------------------------------------- the write policy itself
 def _run_dir(root: Path) -> Path:
-    for name in launcher.RUN_FILES:
+    for name in rundir.FILES:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(f"earlier {name}\n")
     return root
@@ -230,7 +230,7 @@ def _run_dir(root: Path) -> Path:
 def _stage(out: Path, tag: str) -> Path:
     stage = out / f".attempt.{tag}.partial"
     stage.mkdir()
-    for name in launcher.RUN_FILES:
+    for name in rundir.FILES:
         (stage / name).write_text(f"{tag} {name}\n")
     return stage
 
@@ -239,8 +239,8 @@ def test_an_attempt_that_trained_nothing_keeps_the_earlier_run(tmp_path: Path) -
     out = _run_dir(tmp_path / "run")
     before = snapshot(out)
     where = launcher._publish_attempt(_stage(out, "idle"), out, logged_steps=False)
-    assert where == out / launcher.LAST_ATTEMPT
-    assert {k: v for k, v in snapshot(out).items() if not k.startswith(launcher.LAST_ATTEMPT)} == before
+    assert where == out / rundir.LAST_ATTEMPT
+    assert {k: v for k, v in snapshot(out).items() if not k.startswith(rundir.LAST_ATTEMPT)} == before
     assert (where / "train.log").read_text() == "idle train.log\n"
     assert launcher._publish_attempt(_stage(out, "trained"), out, logged_steps=True) == out  # replaces
     assert (out / "metrics.jsonl").read_text() == "trained metrics.jsonl\n"
@@ -252,7 +252,7 @@ def test_an_attempt_that_trained_nothing_keeps_the_earlier_run(tmp_path: Path) -
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     assert launcher._publish_attempt(_stage(fresh, "first"), fresh, logged_steps=False) == fresh
-    assert sorted(p.name for p in fresh.iterdir()) == sorted(launcher.RUN_FILES)
+    assert sorted(p.name for p in fresh.iterdir()) == sorted(rundir.FILES)
 
 
 def test_failed_writes_leave_the_old_artefact_and_no_temp(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import overhead
 from engine.cli import main
-from engine.run import launcher
+from engine.run import launcher, rundir
 from tests.conftest import ROOT
 
 
@@ -63,7 +63,7 @@ def test_outcome_never_reports_success_without_training() -> None:
 def test_read_metrics_skips_a_partial_line(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     path.write_text(json.dumps({"step": 1, "data": {"actor/grad_norm": 1.5}}) + '\n{"step": 2, "da')
-    rows = launcher.read_metrics(path)
+    rows = rundir.read_metrics(path)
     assert [row["step"] for row in rows] == [1]
     line = launcher.progress_line(rows[0], 2)
     assert line.startswith("step 1/2") and "grad_norm 1.5000" in line and "reward -" in line

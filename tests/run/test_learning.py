@@ -15,7 +15,7 @@ import pytest
 
 from engine.data import assets as tiny_assets
 from engine.run import gates
-from engine.run.launcher import read_metrics
+from engine.run.rundir import read_metrics
 from engine.runtime import mutations
 from tests.conftest import ROOT
 

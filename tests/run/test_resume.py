@@ -24,7 +24,7 @@ from engine import fsutil
 from engine.checkpoint.layout import saved_step
 from engine.data import assets as tiny_assets
 from engine.records.rerun import compare_metrics
-from engine.run.launcher import read_metrics
+from engine.run.rundir import read_metrics
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow

@@ -285,7 +285,7 @@ def test_tiny_cpu_vllm_trains_with_rollout_actor_agreement(tmp_path: Path) -> No
     log = (out / "train.log").read_text(errors="replace") if (out / "train.log").exists() else ""
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{log[-5000:]}"
     assert "vLLMHttpServer" in log  # verl's own vLLM server, not the project's hf rollout
-    from engine.run.launcher import read_metrics
+    from engine.run.rundir import read_metrics
 
     rows = read_metrics(out / "metrics.jsonl")
     assert [row["step"] for row in rows] == [1, 2]
