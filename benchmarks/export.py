@@ -23,7 +23,7 @@ from engine import fsutil
 from engine.checkpoint import experts
 from engine.checkpoint import layout as ckpt_layout
 from engine.checkpoint.merge import local_region
-from engine.errors import ArgumentParser, UserError
+from engine.errors import ArgumentParser, UserError, entry
 
 # --- synthetic sharded checkpoints (tests and the export benchmark) -------------------------------
 LAYOUTS = ("fsdp2", "hsdp", "fsdp", "turbo", "nested2d")
@@ -182,11 +182,11 @@ def _foreign(directory: Path, own: tuple[str, ...]) -> str | None:
 
 
 def bench_main(argv: list[str]) -> int:
-    """`python -m engine export --bench`: our export+verify vs `verl.model_merger merge` alone."""
+    """`python -m benchmarks.export`: our export+verify vs `verl.model_merger merge` alone."""
     from rich.console import Console
     from rich.table import Table
 
-    parser = ArgumentParser(prog="python -m engine export --bench")
+    parser = ArgumentParser(prog="python -m benchmarks.export")
     parser.add_argument("--params", type=float, default=1.0e9, help="minimum parameter count")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--workdir", help="where the checkpoint and outputs go (default: a temp dir)")
@@ -294,3 +294,7 @@ def bench_main(argv: list[str]) -> int:
     finally:
         if not args.keep and not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    entry(bench_main)

@@ -1,4 +1,4 @@
-"""`python -m engine bench-gpu`: training throughput and peak memory of Qwen3.5 through verl's engine.
+"""`python -m benchmarks.gpu_bench`: training throughput and peak memory of Qwen3.5 through verl's engine.
 
 Every configuration runs in its own `torch.distributed.run` process group, so an out-of-memory or a
 kernel failure costs one row, not the table. Rows: plain FSDP2 (our own fully_shard + AdamW loop, the
@@ -225,7 +225,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="python -m engine bench-gpu", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m benchmarks.gpu_bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="action", required=True)
     mk = sub.add_parser("make-model", help="write the random-init Qwen3.5-0.8B-shaped model + tokenizer")
     mk.add_argument("--out", type=Path, required=True)

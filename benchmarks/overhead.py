@@ -1,4 +1,4 @@
-"""`python -m engine bench`: wall time and peak memory of `engine run` against the same verl command bare.
+"""`python -m benchmarks.overhead`: wall time and peak memory of `engine run` vs the same verl command bare.
 
 Both runs start from empty run directories (a checkpoint left there would resume and train nothing), so
 bench validates the recipe and its output directory first and only then clears its own run directories.
@@ -20,13 +20,14 @@ from typing import Any
 from rich.table import Table
 
 from engine import fsutil
+from engine.errors import entry
 from engine.run.launcher import (
     ROOT,
-    _parser,
     _write_scrubbed,
     build_plan,
     console,
     launch_env,
+    run_parser,
 )
 from engine.run.rundir import RunDir, read_metrics
 
@@ -88,7 +89,7 @@ def _bench_dir(out: Path) -> str | None:
 
 
 def bench_main(argv: list[str]) -> int:
-    parser = _parser("python -m engine bench")
+    parser = run_parser("python -m benchmarks.overhead")
     parser.add_argument("--max-wall", type=float, default=90.0, help="target wall seconds")
     parser.add_argument("--max-gib", type=float, default=5.0, help="target peak memory (PSS, GiB)")
     parser.add_argument("--max-overhead", type=float, default=1.10, help="target engine/bare wall ratio")
@@ -145,3 +146,7 @@ def bench_main(argv: list[str]) -> int:
     for name, ok in checks.items():
         console.print(f"{'met' if ok else 'MISSED'}: {name}", style="green" if ok else "yellow")
     return 0 if checks["exit_codes_zero"] and checks["trained"] else 1
+
+
+if __name__ == "__main__":
+    entry(bench_main)

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from engine.errors import ArgumentParser, boundary
+from engine.recipes.args import add_recipe_args
 
 # command -> (module:function taking argv and returning an exit code, one-line help)
 DELEGATED: dict[str, tuple[str, str]] = {
@@ -20,7 +21,6 @@ DELEGATED: dict[str, tuple[str, str]] = {
         "engine.run.launcher:run_main",
         "launch a recipe through verl's main_ppo (progress, log, metrics)",
     ),
-    "bench": ("benchmarks.overhead:bench_main", "time a run against the bare verl command (wall, peak RSS)"),
     "assets": ("engine.data.assets:cli_main", "build the tiny offline model, tokenizer and data"),
     "prepare-data": (
         "engine.data.prepare:cli_main",
@@ -35,7 +35,6 @@ DELEGATED: dict[str, tuple[str, str]] = {
     "verify-env": ("engine.env.pins:cli_main", "compare installed versions with the container pins"),
     "cluster": ("engine.run.cluster:cli_main", "bring up a multi-node Ray cluster in a Slurm job"),
     "wheelhouse": ("engine.env.wheelhouse:cli_main", "build or install an offline wheel bundle"),
-    "bench-gpu": ("benchmarks.gpu_bench:cli_main", "GPU training throughput and memory of the verl engine"),
     "smoke-report": (
         "engine.run.smoke_report:cli_main",
         "gates and step-time split of an accelerator smoke run",
@@ -43,30 +42,17 @@ DELEGATED: dict[str, tuple[str, str]] = {
 }
 
 
-def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipe", help="recipe name (see `list`) or path to a YAML file")
-    parser.add_argument("--device", choices=["gpu", "npu", "cpu"], help="device profile (default: recipe's)")
-    parser.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a recipe field by dotted path, e.g. parallel.ep=4 (repeatable)",
-    )
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("list", help="recipes with one-line descriptions")
     show = sub.add_parser("show", help="print the fully resolved recipe")
-    _add_recipe_args(show)
+    add_recipe_args(show)
     render = sub.add_parser("render", help="compile a recipe into verl's launch")
-    _add_recipe_args(render)
+    add_recipe_args(render)
     render.add_argument("--format", choices=["overrides", "script", "json"], default="overrides")
     pre = sub.add_parser("preflight", help="check a plan before any allocation (exit 2 on problems)")
-    _add_recipe_args(pre)
+    add_recipe_args(pre)
     pre.add_argument("--check-env", action="store_true", help="also check paths, imports and pins")
     schema = sub.add_parser("schema", help="the recipe schema (JSON Schema, or the markdown reference)")
     schema.add_argument("--format", choices=["json", "markdown"], default="json")

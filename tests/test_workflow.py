@@ -65,7 +65,7 @@ def test_dry_run_resolves_every_device_and_node_count(target: str, scratch: Path
             assert set(counts) >= FIVE and counts["train"] == 1, counts
             train = proc.stdout.split("rule train:", 1)[1].split("\n\n", 1)[0]
             multi = nodes == 2 and target not in CPU_TARGETS
-            assert ("-m engine.run.cluster launch --nodes 2" in train) == multi
+            assert ("-m engine cluster launch --nodes 2" in train) == multi
             assert ("-m engine run" in train) == (not multi)
             if multi:
                 assert "mpi=srun" in train and "nodes=2" in train and "tasks=2" in train

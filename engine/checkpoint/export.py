@@ -320,10 +320,6 @@ def _size(text: str) -> int:
 
 
 def cli_main(argv: list[str]) -> int:
-    if argv[:1] == ["--bench"]:
-        from benchmarks.export import bench_main
-
-        return bench_main(argv[1:])
     parser = ArgumentParser(prog="python -m engine export", description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="checkpoint root, global_step_N or its actor/ dir")
     parser.add_argument("--out", required=True, help="new directory for the export")

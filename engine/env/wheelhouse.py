@@ -30,7 +30,7 @@ from packaging.utils import canonicalize_name
 from rich.console import Console
 from rich.progress import Progress
 
-from engine import errors, fsutil
+from engine import fsutil
 from engine.env.pins import public_version
 from engine.errors import ArgumentParser, OutputError, UserError
 from engine.hashing import sha256_file
@@ -374,7 +374,3 @@ def cli_main(argv: list[str]) -> int:
     names = install(args.source, args.target, args.python, args.dry_run)
     print(f"{'verified' if args.dry_run else 'installed'} {len(names)} wheel(s) from {args.source}")
     return 0
-
-
-if __name__ == "__main__":
-    errors.entry(cli_main)

@@ -1,4 +1,4 @@
-"""`python -m engine run` / `bench`: launch verl's own `main_ppo` from a compiled recipe and watch it.
+"""`python -m engine run`: launch verl's own `main_ppo` from a compiled recipe and watch it.
 
 verl is only ever a subprocess here (this module imports neither torch nor verl), so a run is exactly
 the command `render --format script` prints, plus the run directory's environment. Progress comes from
@@ -30,6 +30,7 @@ from rich.console import Console
 from engine import fsutil
 from engine.checkpoint import layout
 from engine.errors import ArgumentParser, UserError
+from engine.recipes.args import add_recipe_args
 from engine.recipes.models import TINY_MODELS
 from engine.run import gates, rundir
 from engine.run.redact import redact_env, scrub, secret_values
@@ -40,11 +41,10 @@ console = Console(highlight=False, soft_wrap=True)
 errors = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def _parser(prog: str) -> argparse.ArgumentParser:
+def run_parser(prog: str) -> argparse.ArgumentParser:
+    """`RECIPE [--device] [--set ...] [--out DIR]`: what `run` (and the overhead benchmark) take."""
     parser = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("recipe", help="recipe name or YAML path")
-    parser.add_argument("--device", choices=["gpu", "npu", "cpu"], help="device profile (default: recipe's)")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    add_recipe_args(parser)
     parser.add_argument("--out", type=Path, help="run directory (default: results/runs/RECIPE)")
     return parser
 
@@ -245,7 +245,7 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 
 def run_main(argv: list[str]) -> int:
-    args = _parser("python -m engine run").parse_args(argv)
+    args = run_parser("python -m engine run").parse_args(argv)
     from engine import preflight
     from engine.recipes import loader
     from engine.recipes import plan as plan_mod

@@ -25,7 +25,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from engine import errors, fsutil
+from engine import fsutil
 from engine.errors import ArgumentParser, UserError
 from engine.run import gates
 from engine.run.rundir import RunDir, read_metrics
@@ -185,7 +185,3 @@ def cli_main(argv: list[str]) -> int:
         print(f"drift initial -> trained: {result['drift']}")
     print(f"gates {'passed' if result['passed'] else 'FAILED'}: {args.run_dir / 'smoke_report.json'}")
     return 0 if result["passed"] else 1
-
-
-if __name__ == "__main__":
-    errors.entry(cli_main)

@@ -176,8 +176,9 @@ def test_corrupt_pins_file_is_one_line(data: bytes, world: Path, capsys, monkeyp
     ("module", "argv", "fragment"),
     [
         ("engine", ["show", "nope"], "unknown recipe"),
-        ("engine.run.cluster", ["wait", "--nodes", "1"], "RAY_ADDRESS is not set"),
-        ("engine.env.wheelhouse", ["verify", "/nonexistent/wheels"], "no such wheelhouse"),
+        ("engine", ["cluster", "wait", "--nodes", "1"], "RAY_ADDRESS is not set"),
+        ("engine", ["wheelhouse", "verify", "/nonexistent/wheels"], "no such wheelhouse"),
+        ("benchmarks.export", ["--world-size", "two"], "invalid int value"),
         ("containers.lock", ["--stack", "cpu"], "has no locks"),
         ("containers.build", ["gpu", "--dry-run", "--build-arg", "KEY"], "expected KEY=VALUE"),
         ("containers.resolve", ["--bogus"], "unrecognized arguments"),

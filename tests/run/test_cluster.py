@@ -21,7 +21,7 @@ def _script(recipe: str, device: str, nodes: int = 2, port: str | None = None) -
     argv = ["script", recipe, "--device", device, "--nodes", str(nodes), "--cpus-per-node", "24"]
     argv += ["--out", "/runs/x", "--set", "trainer.total_epochs=1"] + (["--port", port] if port else [])
     proc = subprocess.run(
-        [sys.executable, "-m", "engine.run.cluster", *argv], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "engine", "cluster", *argv], cwd=ROOT, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
@@ -62,7 +62,7 @@ def test_fixed_port_and_bad_input() -> None:
         cluster.BringUp(nodes=2, device="cpu", devices_per_node=1, cpus_per_node=8, driver=["true"])
     argv = ["script", "nope", "--device", "gpu", "--nodes", "2", "--cpus-per-node", "8", "--out", "x"]
     proc = subprocess.run(
-        [sys.executable, "-m", "engine.run.cluster", *argv],
+        [sys.executable, "-m", "engine", "cluster", *argv],
         cwd=ROOT,
         capture_output=True,
         text=True,

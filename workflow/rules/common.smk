@@ -138,7 +138,15 @@ def launch_command(name, kind):
     tail += ["--out", run_dir(name, kind)]
     if nodes(device) == 1:
         return shlex.join([python(), "-m", "engine", "run", *tail])
-    head = [python(), "-m", "engine.run.cluster", "launch", "--nodes", str(nodes(device))]
+    head = [
+        python(),
+        "-m",
+        "engine",
+        "cluster",
+        "launch",
+        "--nodes",
+        str(nodes(device)),
+    ]
     head += ["--cpus-per-node", str(config["cpus_per_node"])]
     if config["ray_port"]:
         head += ["--port", str(config["ray_port"])]
