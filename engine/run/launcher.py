@@ -208,7 +208,7 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _publish_attempt(stage: Path, out: Path, logged_steps: bool) -> Path:
+def publish_attempt(stage: Path, out: Path, logged_steps: bool) -> Path:
     """Where this attempt's files go: over the run's files once it trained a step (the checkpoints moved
     on, so the earlier record describes nothing any more). An attempt that trained nothing replaces
     nothing: its files fill only the names the run lacks (run.json after Snakemake removed it) and the
@@ -228,7 +228,7 @@ def _publish_attempt(stage: Path, out: Path, logged_steps: bool) -> Path:
 
 
 @contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
+def terminate_as_interrupt() -> Iterator[None]:
     """SIGTERM (Slurm's time limit, scancel) stops verl's tree and publishes the attempt like Ctrl-C."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -268,14 +268,14 @@ def run_main(argv: list[str]) -> int:
     console.print(f"[bold]{r.name}[/bold] on {r.cluster.device} x{p.world_size}: log {log} (live)")
     started, t0 = _now(), time.monotonic()
     try:
-        with _terminate_as_interrupt():
+        with terminate_as_interrupt():
             for attempt in range(1, RAY_START_ATTEMPTS + 1):
                 code = execute(p.command, launch_env(p, out, metrics), log, metrics, total)
                 if attempt == RAY_START_ATTEMPTS or code == 0 or not _ray_start_timed_out(log):
                     break
                 console.print("Ray's node did not come up within its fixed 30 s (overloaded?); retrying")
     except BaseException:  # interrupted: keep what the attempt logged, by the same rule
-        _publish_attempt(stage, out, bool(read_metrics(metrics)))
+        publish_attempt(stage, out, bool(read_metrics(metrics)))
         raise
     rows = read_metrics(metrics)
     last = max((int(row["step"]) for row in rows), default=0)
@@ -304,7 +304,7 @@ def run_main(argv: list[str]) -> int:
         "gates": [check.as_dict() for check in checks],
     }
     _write_scrubbed(staged.record, json.dumps(record, indent=2) + "\n")
-    where = _publish_attempt(stage, out, bool(rows))
+    where = publish_attempt(stage, out, bool(rows))
     if where != out:
         console.print(
             f"this attempt trained no step: the earlier run's files in {out} are kept; its own are in {where}"

@@ -239,20 +239,20 @@ def _stage(out: Path, tag: str) -> Path:
 def test_an_attempt_that_trained_nothing_keeps_the_earlier_run(tmp_path: Path) -> None:
     out = _run_dir(tmp_path / "run")
     before = snapshot(out)
-    where = launcher._publish_attempt(_stage(out, "idle"), out, logged_steps=False)
+    where = launcher.publish_attempt(_stage(out, "idle"), out, logged_steps=False)
     assert where == out / rundir.LAST_ATTEMPT
     assert {k: v for k, v in snapshot(out).items() if not k.startswith(rundir.LAST_ATTEMPT)} == before
     assert (where / "train.log").read_text() == "idle train.log\n"
-    assert launcher._publish_attempt(_stage(out, "trained"), out, logged_steps=True) == out  # replaces
+    assert launcher.publish_attempt(_stage(out, "trained"), out, logged_steps=True) == out  # replaces
     assert (out / "metrics.jsonl").read_text() == "trained metrics.jsonl\n"
     assert not list(out.glob(".attempt*"))
     (out / "run.json").unlink()  # Snakemake removes a job's output before it runs the job again
-    assert launcher._publish_attempt(_stage(out, "resumed"), out, logged_steps=False) == out / "last-attempt"
+    assert launcher.publish_attempt(_stage(out, "resumed"), out, logged_steps=False) == out / "last-attempt"
     assert (out / "run.json").read_text() == "resumed run.json\n"  # fills the gap, replaces nothing
     assert (out / "metrics.jsonl").read_text() == "trained metrics.jsonl\n"
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    assert launcher._publish_attempt(_stage(fresh, "first"), fresh, logged_steps=False) == fresh
+    assert launcher.publish_attempt(_stage(fresh, "first"), fresh, logged_steps=False) == fresh
     assert sorted(p.name for p in fresh.iterdir()) == sorted(rundir.FILES)
 
 
@@ -284,7 +284,7 @@ def test_sigterm_stops_the_tree_like_ctrl_c(tmp_path: Path) -> None:
         "import os, sys; from pathlib import Path; from engine.run import launcher\n"
         "p = Path(sys.argv[1])\n"
         "try:\n"
-        "    with launcher._terminate_as_interrupt():\n"
+        "    with launcher.terminate_as_interrupt():\n"
         "        child = [sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(60)']\n"
         "        launcher.execute(child, dict(os.environ), p / 'train.log', p / 'm.jsonl', 1)\n"
         "except KeyboardInterrupt:\n"

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from benchmarks.export import write_synthetic_checkpoints  # noqa: E402
+from benchmarks.synthetic_checkpoints import write_synthetic_checkpoints  # noqa: E402
 from engine.checkpoint import experts, export, merge  # noqa: E402
 from engine.errors import UserError  # noqa: E402
 

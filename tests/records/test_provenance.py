@@ -13,14 +13,7 @@ import pytest
 from engine.errors import UserError
 from engine.records import provenance, rerun
 from engine.run import redact
-
-SECRETS = {
-    "HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz0123",
-    "WANDB_API_KEY": "0123456789abcdef0123456789abcdef",
-    "NCCL_SOCKET_TOKEN": "nccl-secret-value-42",
-    "MY_DB_PASSWORD": "correct-horse-battery",
-    "ENGINE_MIRROR_URL": "https://alice:s3cr3tpw@mirror.example.com/simple",
-}
+from tests.support.runs import SECRETS, fake_run
 
 
 def test_scrub_removes_planted_credentials_and_keeps_the_rest() -> None:
@@ -55,33 +48,10 @@ def test_redact_env_keeps_only_the_allowlist_and_masks_credentials() -> None:
     assert kept["RAY_ADDRESS"] == "https://***@ray.example.com:8265"
 
 
-def _fake_run(root: Path) -> Path:
-    """A run directory shaped like `engine run` output, with a small checkpoint."""
-    run = root / "run"
-    actor = run / "checkpoints" / "global_step_1" / "actor"
-    actor.mkdir(parents=True)
-    (actor / "model_world_size_1_rank_0.pt").write_bytes(os.urandom(4096))
-    (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("1")
-    (run / "recipe.yaml").write_text(
-        "name: tiny_cpu\ntrainer: {total_training_steps: 2}\ndata: {}\nmodel: {}\n"
-    )
-    (run / "overrides.txt").write_text("algorithm.adv_estimator=grpo\ntrainer.total_training_steps=2\n")
-    (run / "launch.sh").write_text("#!/bin/sh\npython -m verl.trainer.main_ppo\n")
-    rows = [
-        {"step": s, "data": {"actor/pg_loss": 0.1 * s, "critic/score/mean": 0.5, "note": "x"}} for s in (1, 2)
-    ]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    record = {"recipe": "tiny_cpu", "device": "cpu", "command": ["python", "-m", "verl.trainer.main_ppo"],
-              "start": "2025-01-01T00:00:00+00:00", "end": "2025-01-01T00:01:00+00:00", "exit_code": 0,
-              "status": "ok", "env": {"VERL_PLATFORM": "cpu", "HF_TOKEN": SECRETS["HF_TOKEN"]}}  # fmt: skip
-    (run / "run.json").write_text(json.dumps(record))
-    return run
-
-
 def test_write_verify_and_tamper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in SECRETS.items():
         monkeypatch.setenv(key, value)
-    run = _fake_run(tmp_path)
+    run = fake_run(tmp_path)
     export_dir = tmp_path / "export"
     export_dir.mkdir()
     (export_dir / "model.safetensors").write_bytes(b"weights")
@@ -117,7 +87,7 @@ def test_write_verify_and_tamper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 def test_ro_crate_follows_the_workflow_run_profile(tmp_path: Path) -> None:
-    run = _fake_run(tmp_path)
+    run = fake_run(tmp_path)
     provenance.write(run)
     crate = json.loads((run / "ro-crate-metadata.json").read_text())
     graph = {node["@id"]: node for node in crate["@graph"]}

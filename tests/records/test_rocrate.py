@@ -10,8 +10,8 @@ import pytest
 
 from engine.errors import UserError
 from engine.records import provenance, rocrate
-from tests.records.test_provenance import _fake_run
 from tests.support.rocrate_validation import WORKFLOW_FILE_ID_CHECK, check_all, claimed, validate
+from tests.support.runs import fake_run
 
 
 def _graph(run: Path) -> dict[str, dict]:
@@ -26,7 +26,7 @@ def fake_chain(root: Path) -> tuple[Path, Path, Path]:
     """results/<recipe>/{data,smoke,train,export} shaped like the Snakemake chain's, and a Snakefile."""
     chain = root / "results" / "tiny_cpu"
     chain.mkdir(parents=True)
-    run = _fake_run(chain).rename(chain / "train")
+    run = fake_run(chain).rename(chain / "train")
     data = chain / "data"
     data.mkdir()
     for name in ("train.parquet", "test.parquet"):
@@ -51,7 +51,7 @@ def fake_chain(root: Path) -> tuple[Path, Path, Path]:
 def test_run_crate_passes_the_validator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ENGINE_PUBLISHER", raising=False)
     monkeypatch.delenv("ENGINE_PUBLISHER_URL", raising=False)
-    run = _fake_run(tmp_path)
+    run = fake_run(tmp_path)
     provenance.write(run)
     assert claimed(run) == [
         "process-run-crate-0.5",
@@ -81,7 +81,7 @@ def test_run_crate_passes_the_validator(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_validator_fails_a_broken_crate(tmp_path: Path) -> None:
     """The check can fail: the reporter's finding (root without description) is caught again."""
-    run = _fake_run(tmp_path)
+    run = fake_run(tmp_path)
     provenance.write(run)
     path = run / "ro-crate-metadata.json"
     crate = json.loads(path.read_text())
@@ -144,4 +144,4 @@ def test_publisher_needs_name_and_url(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("ENGINE_PUBLISHER", "Example Lab")
     monkeypatch.delenv("ENGINE_PUBLISHER_URL", raising=False)
     with pytest.raises(UserError, match="ENGINE_PUBLISHER and ENGINE_PUBLISHER_URL go together"):
-        provenance.write(_fake_run(tmp_path))
+        provenance.write(fake_run(tmp_path))
