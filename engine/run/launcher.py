@@ -17,7 +17,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -216,11 +215,8 @@ def publish_attempt(stage: Path, out: Path, logged_steps: bool) -> Path:
     if logged_steps:
         fsutil.move_into(stage, out, last=(rundir.RECORD,))
         return out
-    for name in sorted((p.name for p in stage.iterdir()), key=lambda n: (n == rundir.RECORD, n)):
-        if not (out / name).exists():
-            os.replace(stage / name, out / name)
-    if not any(stage.iterdir()):
-        stage.rmdir()
+    fsutil.move_into(stage, out, last=(rundir.RECORD,), missing_only=True)
+    if not stage.exists():
         return out
     with fsutil.publish_dir(RunDir(out).last_attempt, replace=True) as target:
         fsutil.move_into(stage, target)
@@ -258,8 +254,7 @@ def run_main(argv: list[str]) -> int:
     total = p.recipe.trainer.total_training_steps
     r = p.recipe
     # Nothing of an earlier run is touched until this attempt is over: it writes into a stage.
-    out.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".attempt.", suffix=fsutil.PARTIAL, dir=out))
+    stage = fsutil.stage_in(out, prefix=".attempt.")
     staged = RunDir(stage)
     log, metrics = staged.log, staged.metrics
     _write_scrubbed(staged.launch_script, plan_mod.render(p, "script"))
