@@ -161,6 +161,3 @@ def apply_gloo_backend_fix() -> None:
             "the cpu gloo fix needs updating for this verl version"
         )
     func.__defaults__ = (*defaults[:-1], "gloo")
-
-
-# --------------------------------------------------------------------------------------------- rollout

@@ -33,6 +33,3 @@ def registrations_present() -> list[str]:
     if ROLLOUT_NAME not in replica.RolloutReplicaRegistry._registry:
         missing.append("rollout replica 'hf'")
     return missing
-
-
-# ------------------------------------------------------------------------------------ vLLM on cpu

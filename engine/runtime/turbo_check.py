@@ -25,7 +25,6 @@ TURBO_MISSING = (
 TRAINER_MODULE = "verl.trainer.main_ppo"
 
 
-# ------------------------------------------------------------------------------- fsdp_turbo early check
 def turbo_strategy_requested(argv: list[str]) -> bool:
     """True when the Hydra command line (or its config file) selects strategy=fsdp_turbo anywhere."""
     config_path = config_name = None
@@ -71,6 +70,3 @@ def check_turbo(argv: list[str] | None = None) -> str | None:
     if not is_trainer_driver(argv) or not turbo_strategy_requested(argv):
         return None
     return None if find_spec(TURBO_STRATEGY) is not None else TURBO_MISSING
-
-
-# ------------------------------------------------------------------------------------------ cpu platform

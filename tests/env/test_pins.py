@@ -102,7 +102,7 @@ def test_fsdp_turbo_commit_found_from_install_record(tmp_path: Path) -> None:
     (info / "direct_url.json").write_text(
         json.dumps({"url": f"https://x/FSDPTurbo-{commit}.tar.gz", "archive_info": {}})
     )
-    code = "import json; from engine import pins; print(json.dumps(pins.installed_versions()))"
+    code = "import json; from engine.env import pins; print(json.dumps(pins.installed_versions()))"
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     found = json.loads(out.stdout)
