@@ -36,7 +36,7 @@ fi
 if want run; then
 stage assets
 [ -f results/assets/data/synthetic/train.parquet ] || $py -m engine assets --out results/assets || exit 3
-[ -f $model/config.json ] || $py -m engine bench-gpu make-model --out $model || exit 3
+[ -f $model/config.json ] || $py -m benchmarks.gpu_bench make-model --out $model || exit 3
 
 stage run
 rm -rf $run  # engine run refuses a non-empty --out: nothing may be written there before it

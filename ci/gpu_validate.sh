@@ -2,12 +2,12 @@
 # Everything docs/performance.md and docs/containers.md report for one GPU, in one unattended run:
 #   1. install the wheelhouse and check imports (ci/gpu_smoke.sh install imports);
 #   2. fla's gated-delta-rule gradients against the fp32 torch reference with the pinned Triton, and with
-#      the machine's own Triton (whether the Triton override is still needed; engine.gdn_grad), each
+#      the machine's own Triton (whether the Triton override is still needed; benchmarks.gdn_grad), each
 #      while a GRPO run starts up (Ray and vLLM: minutes of CPU work, the GPU idle);
 #   3. the vLLM-rollout GRPO smoke, its export with --verify-logits and its gates (ci/gpu_smoke.sh);
 #   4. the same run with the weight sync broken (ENGINE_TEST_BREAK=no_weight_sync): the agreement gate
 #      must fail, which shows it can;
-#   5. the trainer throughput rows of `engine bench-gpu`, REPEATS times (medians, not single runs).
+#   5. the trainer throughput rows of `python -m benchmarks.gpu_bench`, REPEATS times (medians, not single runs).
 # Usage: WHEELHOUSE=DIR ci/gpu_validate.sh RECORD_DIR [--set KEY=VALUE ...] (the sets go to both GRPO runs).
 # Each stage's output lands in RECORD_DIR as it finishes, so a run cut short still leaves what it
 # measured; stages.txt lists each stage with its exit status. It runs for ~20 min on one H200 with warm
@@ -31,7 +31,7 @@ export PYTHONPATH=$site:$PWD
 
 # 2. gradients with the pinned pairing (Triton 3.7.1 + fla): small, so it runs while the smoke's Ray and
 #    vLLM start (minutes of CPU work before the first GPU step); it also fills the Triton cache
-$py -m engine.gdn_grad >"$record/gdn_grad-pinned.json" 2>"$record/gdn_grad-pinned.err" &
+$py -m benchmarks.gdn_grad >"$record/gdn_grad-pinned.json" 2>"$record/gdn_grad-pinned.err" &
 grad=$!
 
 # 3. the smoke (assets, model, run, export --verify-logits, gates)
@@ -46,7 +46,7 @@ machine_grad() {
     $py -m pip install -q --no-index --no-deps --target /tmp/fla-only \
         "$WHEELHOUSE"/flash_linear_attention-*.whl "$WHEELHOUSE"/fla_core-*.whl || return 1
     for guard in "" --bypass-guard; do
-        PYTHONPATH=/tmp/fla-only:$PWD $py -m engine.gdn_grad $guard \
+        PYTHONPATH=/tmp/fla-only:$PWD $py -m benchmarks.gdn_grad $guard \
             >>"$record/gdn_grad-machine-triton.json" 2>>"$record/gdn_grad-machine-triton.err"
     done
 }
@@ -75,7 +75,7 @@ fi
 
 # 5. trainer throughput rows, repeated
 for rep in $(seq 1 "${REPEATS:-3}"); do
-    $py -m engine bench-gpu run --model $model --kernels fla --steps 3 \
+    $py -m benchmarks.gpu_bench run --model $model --kernels fla --steps 3 \
         --out "$record/bench/rep$rep.jsonl" >"$record/bench-rep$rep.log" 2>&1
     done_stage "bench rep $rep" $?
 done

@@ -1,5 +1,5 @@
 """The learning figures of docs/cpu-run.md: `tiny_cpu_learn` over 3 rollout seeds and under each test-only
-breakage of engine/mutations.py, with the gates of engine/gates.py evaluated on every run.
+breakage of engine/runtime/mutations.py, with the gates of engine/run/gates.py evaluated on every run.
 
 Usage: .venv/bin/python ci/learning_runs.py --out results/learning [--assets DIR] [--figure PNG]
 Runs what is missing under OUT (a run directory with run.json counts as done), then prints one markdown
@@ -18,9 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from engine import assets as tiny_assets
-from engine import gates, mutations
-from engine.launch import read_metrics
+from engine.data import assets as tiny_assets
+from engine.run import gates
+from engine.run.rundir import RunDir
+from engine.runtime import mutations
 
 RECIPE = "tiny_cpu_learn"
 SEED_KEY = "verl_overrides.actor_rollout_ref.rollout.seed"
@@ -43,8 +44,8 @@ def launch(name: str, out: Path, assets: Path) -> None:
 
 
 def summary(name: str, out: Path) -> dict:
-    rows = read_metrics(out / "metrics.jsonl")
-    record = json.loads((out / "run.json").read_text())
+    rows = RunDir(out).read_metrics()
+    record = json.loads(RunDir(out).record.read_text())
     k = gates.LEARNING[RECIPE].window
     rewards = [row["data"][gates.REWARD] for row in rows]
     first, last = statistics.fmean(rewards[:k]), statistics.fmean(rewards[-k:])
@@ -124,7 +125,7 @@ def main() -> int:
         print(f"error: --assets {args.assets} has no tiny-qwen35; {fix}", file=sys.stderr)
         return 2
     for name in RUNS:
-        if not (args.out / name / "run.json").is_file():
+        if not RunDir(args.out / name).record.is_file():
             launch(name, (args.out / name).resolve(), args.assets.resolve())
     stats = [summary(name, args.out / name) for name in RUNS]
     print(table(stats))

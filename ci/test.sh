@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: sets up .venv and .venv-vllm when missing, installs the container tools the image
 # test needs (root on Debian), then runs the whole test suite, slow end-to-end runs included: the main
-# suite in .venv, then the vLLM CPU tests (tests/test_vllm_cpu.py) in .venv-vllm. With arguments, only
+# suite in .venv, then the vLLM CPU tests (tests/runtime/test_vllm_cpu.py) in .venv-vllm. With arguments, only
 # `pytest ARGS` in .venv.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,6 +17,6 @@ fi
 main=0
 .venv/bin/python -m pytest || main=$?
 vllm=0
-.venv-vllm/bin/python -m pytest tests/test_vllm_cpu.py || vllm=$?
+.venv-vllm/bin/python -m pytest tests/runtime/test_vllm_cpu.py || vllm=$?
 echo "test: main suite exit $main, vLLM CPU suite exit $vllm" >&2
 [ "$main" = 0 ] && [ "$vllm" = 0 ]

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from containers.lock import ROOT, build_lock_path, sources_lock_path
+from engine.env.pins import is_unresolved, load_pins, stack_pins
 from engine.errors import ArgumentParser, UserError, entry
-from engine.pins import is_unresolved, load_pins, stack_pins
 
 OUT_DIR = ROOT / "results" / "containers"
 

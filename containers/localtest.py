@@ -24,8 +24,8 @@ from typing import Any
 
 from containers.build import build_args, build_command
 from containers.lock import ROOT, _env
+from engine.env.pins import load_pins
 from engine.errors import ArgumentParser, entry
-from engine.pins import load_pins
 
 CACHE = ROOT / "results" / "containers"
 BASE_TAG = "localhost/engine-testbase:bookworm"

@@ -23,10 +23,10 @@ from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from engine.env.pins import load_pins, stack_pins
 from engine.errors import ArgumentParser, UserError, entry
 from engine.fsutil import atomic_write as _write
 from engine.fsutil import read_text
-from engine.pins import load_pins, stack_pins
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK_DIR = ROOT / "containers" / "locks"

@@ -16,9 +16,9 @@ from collections.abc import Callable
 import yaml
 
 from containers.lock import ROOT
+from engine.env.pins import is_unresolved, load_pins
 from engine.errors import ArgumentParser, UserError, entry
 from engine.fsutil import atomic_write
-from engine.pins import is_unresolved, load_pins
 
 PINS_FILE = ROOT / "containers" / "pins.yaml"
 

@@ -13,35 +13,33 @@ import sys
 from collections.abc import Callable, Sequence
 
 from engine.errors import ArgumentParser, boundary
+from engine.recipes.args import add_recipe_args
 
 # command -> (module:function taking argv and returning an exit code, one-line help)
 DELEGATED: dict[str, tuple[str, str]] = {
-    "run": ("engine.launch:run_main", "launch a recipe through verl's main_ppo (progress, log, metrics)"),
-    "bench": ("engine.overhead:bench_main", "time a run against the bare verl command (wall, peak RSS)"),
-    "assets": ("engine.assets:cli_main", "build the tiny offline model, tokenizer and data"),
-    "prepare-data": ("engine.data:cli_main", "write verl RL parquet (geo3k, gsm8k, synthetic) + manifest"),
-    "export": ("engine.export:cli_main", "export a checkpoint to verified Hugging Face safetensors"),
-    "provenance": ("engine.provenance:cli_main", "write or verify a run record"),
-    "rerun": ("engine.rerun:rerun_main", "re-launch a run from its provenance record"),
-    "verify-env": ("engine.pins:cli_main", "compare installed versions with the container pins"),
-    "cluster": ("engine.cluster:cli_main", "bring up a multi-node Ray cluster in a Slurm job"),
-    "wheelhouse": ("engine.wheelhouse:cli_main", "build or install an offline wheel bundle"),
-    "bench-gpu": ("engine.gpu_bench:cli_main", "GPU training throughput and memory of the verl engine"),
-    "smoke-report": ("engine.smoke_report:cli_main", "gates and step-time split of an accelerator smoke run"),
+    "run": (
+        "engine.run.launcher:run_main",
+        "launch a recipe through verl's main_ppo (progress, log, metrics)",
+    ),
+    "assets": ("engine.data.assets:cli_main", "build the tiny offline model, tokenizer and data"),
+    "prepare-data": (
+        "engine.data.prepare:cli_main",
+        "write verl RL parquet (geo3k, gsm8k, synthetic) + manifest",
+    ),
+    "export": (
+        "engine.checkpoint.export:cli_main",
+        "export a checkpoint to verified Hugging Face safetensors",
+    ),
+    "provenance": ("engine.records.provenance:cli_main", "write or verify a run record"),
+    "rerun": ("engine.records.rerun:rerun_main", "re-launch a run from its provenance record"),
+    "verify-env": ("engine.env.pins:cli_main", "compare installed versions with the container pins"),
+    "cluster": ("engine.run.cluster:cli_main", "bring up a multi-node Ray cluster in a Slurm job"),
+    "wheelhouse": ("engine.env.wheelhouse:cli_main", "build or install an offline wheel bundle"),
+    "smoke-report": (
+        "engine.run.smoke_report:cli_main",
+        "gates and step-time split of an accelerator smoke run",
+    ),
 }
-
-
-def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipe", help="recipe name (see `list`) or path to a YAML file")
-    parser.add_argument("--device", choices=["gpu", "npu", "cpu"], help="device profile (default: recipe's)")
-    parser.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a recipe field by dotted path, e.g. parallel.ep=4 (repeatable)",
-    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,12 +47,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("list", help="recipes with one-line descriptions")
     show = sub.add_parser("show", help="print the fully resolved recipe")
-    _add_recipe_args(show)
+    add_recipe_args(show)
     render = sub.add_parser("render", help="compile a recipe into verl's launch")
-    _add_recipe_args(render)
+    add_recipe_args(render)
     render.add_argument("--format", choices=["overrides", "script", "json"], default="overrides")
     pre = sub.add_parser("preflight", help="check a plan before any allocation (exit 2 on problems)")
-    _add_recipe_args(pre)
+    add_recipe_args(pre)
     pre.add_argument("--check-env", action="store_true", help="also check paths, imports and pins")
     schema = sub.add_parser("schema", help="the recipe schema (JSON Schema, or the markdown reference)")
     schema.add_argument("--format", choices=["json", "markdown"], default="json")
@@ -69,20 +67,21 @@ def _delegate(target: str) -> Callable[[list[str]], int]:
 
 
 def _recipe_command(args: argparse.Namespace) -> int:
-    from engine import plan, preflight, recipe
+    from engine import preflight
+    from engine.recipes import loader, plan
 
     if args.command == "schema":
-        from engine import schema
+        from engine.recipes import reference
 
-        print(schema.schema_markdown() if args.format == "markdown" else schema.schema_json())
+        print(reference.schema_markdown() if args.format == "markdown" else reference.schema_json())
         return 0
     if args.command == "list":
-        for name, description in recipe.list_recipes():
+        for name, description in loader.list_recipes():
             print(f"{name:<22} {description}")
         return 0
-    resolved = recipe.load(args.recipe, device=args.device, sets=args.sets)
+    resolved = loader.load(args.recipe, device=args.device, sets=args.sets)
     if args.command == "show":
-        print(recipe.to_yaml(resolved), end="")
+        print(loader.to_yaml(resolved), end="")
         return 0
     compiled = plan.compile_recipe(resolved)
     if args.command == "render":

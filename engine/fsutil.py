@@ -37,7 +37,6 @@ def _umask() -> int:
 _UMASK = _umask()
 
 
-# ------------------------------------------------------------------------------------------ checks
 def _nearest_existing(path: Path) -> Path:
     for parent in (path, *path.parents):
         if parent.exists() or parent.is_symlink():
@@ -119,7 +118,6 @@ def foreign_files(directory: Path, ours: Sequence[str], marker: str) -> str | No
     return None
 
 
-# ------------------------------------------------------------------------------------------ writes
 def _temp_beside(path: Path, directory: bool) -> Path:
     prefix, parent = f".{path.name}.", path.parent
     if directory:
@@ -186,16 +184,26 @@ def publish_dir(out: Path | str, replace: bool = False) -> Iterator[Path]:
         raise
 
 
-def move_into(stage: Path, out: Path, last: Sequence[str] = ()) -> list[str]:
+def stage_in(out: Path | str, prefix: str = ".staged.") -> Path:
+    """A fresh hidden temp directory inside `out` (created if missing), published later by `move_into`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, suffix=PARTIAL, dir=out))
+
+
+def move_into(stage: Path, out: Path, last: Sequence[str] = (), missing_only: bool = False) -> list[str]:
     """Rename every file of `stage` into `out` (`last` ones last), then remove `stage`; returns the names.
 
-    Only the names the stage holds are replaced: anything else in `out` stays as it was.
+    Only the names the stage holds are replaced: anything else in `out` stays as it was. With
+    `missing_only`, a name `out` already has is not replaced but left in `stage`, which then stays.
     """
     names = sorted((p.name for p in stage.iterdir()), key=lambda name: (name in last, name))
-    for name in names:
+    moved = [name for name in names if not (missing_only and (out / name).exists())]
+    for name in moved:
         os.replace(stage / name, out / name)
-    stage.rmdir()
-    return names
+    if len(moved) == len(names):
+        stage.rmdir()
+    return moved
 
 
 @contextlib.contextmanager
@@ -207,8 +215,7 @@ def staged(out: Path | str, last: Sequence[str] = ()) -> Iterator[Path]:
     """
     out = Path(out)
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".staged.", suffix=PARTIAL, dir=out))
+    stage = stage_in(out)
     try:
         yield stage
         move_into(stage, out, last)
@@ -220,7 +227,6 @@ def staged(out: Path | str, last: Sequence[str] = ()) -> Iterator[Path]:
         raise
 
 
-# ------------------------------------------------------------------------------------------ inputs
 def read_text(path: Path | str, what: str, fix: str) -> str:
     """A UTF-8 text input, or UserError naming it (missing, a directory, unreadable, not UTF-8)."""
     path = Path(path)

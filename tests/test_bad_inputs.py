@@ -8,11 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bad_input_world import Case, build, build_inputs, check, read_only_dir
 
+from benchmarks import export as export_bench
+from benchmarks import gpu_bench, overhead
 from containers import build as image_build
 from containers import localtest, lock, resolve
-from engine import cli, cluster
+from engine import cli
+from engine.run import cluster
+from tests.support.bad_input_world import Case, build, build_inputs, check, read_only_dir
 
 W = "{W}"
 FILE, FOREIGN, RUN, RO = f"{W}/a_file", f"{W}/foreign", f"{W}/run", "{RO}"
@@ -100,14 +103,6 @@ RUN_CASES = [
     Case("run-unknown", ["run", "nope", "--out", f"{W}/new_run"], 2, "unknown recipe"),
     Case("run-no-recipe", ["run"], 2, "required: recipe"),
     Case("run-ckpt-dir", ["run", *TINY, "--out", RUN, "--set", "trainer.checkpoint_dir=/x"], 2, "pass --out"),
-    Case("bench-out-file", ["bench", "qwen35_27b", *GPU, "--out", FILE], 3, "not a directory"),
-    Case("bench-foreign", ["bench", "qwen35_27b", *GPU, "--out", FOREIGN], 3, "bench did not write"),
-    Case("bench-keeps-set", ["bench", "tiny_cpu", "--out", f"{W}/bench", "--set", "model.path="], 2, "empty"),
-    Case(
-        "bench-keeps-device", ["bench", "tiny_cpu", "--device", "npu", "--out", f"{W}/bench"], 2, "--device"
-    ),
-    Case("bench-keeps-plan", ["bench", *TINY, "--out", f"{W}/bench", "--set", "parallel.ep=2"], 2, "ep=2"),
-    Case("bench-arg", ["bench", "tiny_cpu", "--max-wall", "soon"], 2, "invalid float value"),
     Case("assets-out-file", ["assets", "--out", FILE], 3, "not a directory"),
     Case("assets-under-file", ["assets", "--out", f"{FILE}/x"], 3, "is a file"),
     Case("assets-foreign", ["assets", "--out", f"{W}/foreign_assets"], 3, "no assets.json"),
@@ -254,16 +249,6 @@ RECORD_CASES = [
         "sha256 mismatch",
     ),
     Case("wh-broken-tar", ["wheelhouse", "verify", f"{W}/wheelhouse/broken.tar"], 2, "no manifest.json"),
-    Case("gb-model", ["bench-gpu", "run", "--model", f"{W}/nope"], 2, "no config.json"),
-    Case(
-        "gb-batch", ["bench-gpu", "run", "--model", f"{W}/model", "--batch", "3", "--mbs", "2"], 2, "multiple"
-    ),
-    Case("gb-modes", ["bench-gpu", "run", "--model", f"{W}/model", "--modes", "warp"], 2, "unknown --modes"),
-    Case("gb-out", ["bench-gpu", "run", "--model", f"{W}/model", "--out", FILE], 3, "bench-gpu rows"),
-    Case("gb-make-out", ["bench-gpu", "make-model", "--out", FOREIGN], 3, "not empty"),
-    Case("gb-action", ["bench-gpu"], 2, "required"),
-    Case("xb-workdir", ["export", "--bench", "--workdir", FOREIGN], 3, "export bench did not write"),
-    Case("xb-json", ["export", "--bench", "--json", FOREIGN], 3, "is a directory"),
     Case("smoke-missing", ["smoke-report", f"{W}/nope"], 2, "no such run directory"),
     Case("smoke-no-steps", ["smoke-report", FOREIGN], 2, "metrics.jsonl has no steps"),
     Case("smoke-damaged", ["smoke-report", RUN, "--max-probs-diff", "low"], 2, "invalid float value"),
@@ -289,6 +274,43 @@ CLUSTER_CASES = [
         env={"RAY_ADDRESS": "127.0.0.1:1"},
     ),
     Case("wait-nodes", ["wait", "--nodes", "0"], 2, "positive", env={"RAY_ADDRESS": "127.0.0.1:1"}),
+]
+BENCH_CASES = [
+    (overhead.bench_main, Case("bench-out-file", ["qwen35_27b", *GPU, "--out", FILE], 3, "not a directory")),
+    (
+        overhead.bench_main,
+        Case("bench-foreign", ["qwen35_27b", *GPU, "--out", FOREIGN], 3, "bench did not write"),
+    ),
+    (
+        overhead.bench_main,
+        Case("bench-keeps-set", ["tiny_cpu", "--out", f"{W}/bench", "--set", "model.path="], 2, "empty"),
+    ),
+    (
+        overhead.bench_main,
+        Case("bench-keeps-device", ["tiny_cpu", "--device", "npu", "--out", f"{W}/bench"], 2, "--device"),
+    ),
+    (
+        overhead.bench_main,
+        Case("bench-keeps-plan", [*TINY, "--out", f"{W}/bench", "--set", "parallel.ep=2"], 2, "ep=2"),
+    ),
+    (overhead.bench_main, Case("bench-arg", ["tiny_cpu", "--max-wall", "soon"], 2, "invalid float value")),
+    (gpu_bench.cli_main, Case("gb-model", ["run", "--model", f"{W}/nope"], 2, "no config.json")),
+    (
+        gpu_bench.cli_main,
+        Case("gb-batch", ["run", "--model", f"{W}/model", "--batch", "3", "--mbs", "2"], 2, "multiple"),
+    ),
+    (
+        gpu_bench.cli_main,
+        Case("gb-modes", ["run", "--model", f"{W}/model", "--modes", "warp"], 2, "unknown --modes"),
+    ),
+    (
+        gpu_bench.cli_main,
+        Case("gb-out", ["run", "--model", f"{W}/model", "--out", FILE], 3, "bench-gpu rows"),
+    ),
+    (gpu_bench.cli_main, Case("gb-make-out", ["make-model", "--out", FOREIGN], 3, "not empty")),
+    (gpu_bench.cli_main, Case("gb-action", [], 2, "required")),
+    (export_bench.bench_main, Case("xb-workdir", ["--workdir", FOREIGN], 3, "export bench did not write")),
+    (export_bench.bench_main, Case("xb-json", ["--json", FOREIGN], 3, "is a directory")),
 ]
 CONTAINER_CASES = [
     (lock.main, Case("lock-cpu", ["--stack", "cpu"], 2, "--stack cpu has no locks")),
@@ -337,6 +359,11 @@ def test_engine_command_refuses_cleanly(case: Case, world: Path, capsys, monkeyp
 @pytest.mark.parametrize("case", CLUSTER_CASES, ids=lambda c: c.id)
 def test_cluster_refuses_cleanly(case: Case, world: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     _run(cluster.cli_main, case, world, capsys, monkeypatch)
+
+
+@pytest.mark.parametrize(("main", "case"), BENCH_CASES, ids=lambda c: getattr(c, "id", ""))
+def test_benchmark_refuses_cleanly(main, case: Case, world: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    _run(main, case, world, capsys, monkeypatch)
 
 
 @pytest.mark.parametrize(("main", "case"), CONTAINER_CASES, ids=lambda c: getattr(c, "id", ""))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
+
 BIN = Path(sys.executable).parent
 WORKFLOWS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "ci" / "github").glob("*.yml"))
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import io
-from pathlib import Path
 
 import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
+
 PINS = yaml.safe_load((ROOT / "containers" / "pins.yaml").read_text())
 IMAGE_STACKS = sorted(name for name, s in PINS["stacks"].items() if s["kind"] == "image")
 DOCKERFILES = sorted({PINS["stacks"][name]["dockerfile"] for name in IMAGE_STACKS})

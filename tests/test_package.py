@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -92,12 +92,12 @@ def test_a_missing_user_recipe_dir_is_an_error(installed: Path, tmp_path: Path) 
 
 
 def test_an_install_without_recipes_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine import recipe
     from engine.errors import UserError
+    from engine.recipes import loader
 
-    monkeypatch.setattr(recipe, "recipe_dir", lambda: tmp_path)
+    monkeypatch.setattr(loader, "recipe_dir", lambda: tmp_path)
     monkeypatch.delenv("ENGINE_RECIPE_DIR", raising=False)
     with pytest.raises(
         UserError, match=r"no recipes found in .*; reinstall the engine or set ENGINE_RECIPE_DIR"
     ):
-        recipe.list_recipes()
+        loader.list_recipes()

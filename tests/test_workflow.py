@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
+
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 FIVE = {"prepare_data", "smoke", "train", "export", "provenance"}
 TARGETS = ["run_qwen35_35b", "run_qwen35_27b", "smoke_cpu", "learn_cpu", "ci_smoke_gpu", "ci_smoke_npu"]
@@ -64,7 +65,7 @@ def test_dry_run_resolves_every_device_and_node_count(target: str, scratch: Path
             assert set(counts) >= FIVE and counts["train"] == 1, counts
             train = proc.stdout.split("rule train:", 1)[1].split("\n\n", 1)[0]
             multi = nodes == 2 and target not in CPU_TARGETS
-            assert ("-m engine.cluster launch --nodes 2" in train) == multi
+            assert ("-m engine cluster launch --nodes 2" in train) == multi
             assert ("-m engine run" in train) == (not multi)
             if multi:
                 assert "mpi=srun" in train and "nodes=2" in train and "tasks=2" in train
@@ -133,7 +134,8 @@ def _check_records(results: Path, cache: Path) -> None:
     """The chain's run crate passes rocrate-validator as a Provenance Run Crate (one action per step),
     and the export's README.md parses as a Hugging Face model card pointing to the record."""
     from huggingface_hub import ModelCard
-    from rocrate_validation import check_all, claimed
+
+    from tests.support.rocrate_validation import check_all, claimed
 
     train = results / "train"
     assert "provenance-run-crate-0.5" in claimed(train)

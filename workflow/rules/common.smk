@@ -9,10 +9,10 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from engine import plan as engine_plan
 from engine import preflight as engine_preflight
-from engine import recipe as engine_recipe
 from engine.errors import UserError
+from engine.recipes import loader as engine_recipe
+from engine.recipes import plan as engine_plan
 
 try:
     RECIPES = dict(engine_recipe.list_recipes())
@@ -138,7 +138,15 @@ def launch_command(name, kind):
     tail += ["--out", run_dir(name, kind)]
     if nodes(device) == 1:
         return shlex.join([python(), "-m", "engine", "run", *tail])
-    head = [python(), "-m", "engine.cluster", "launch", "--nodes", str(nodes(device))]
+    head = [
+        python(),
+        "-m",
+        "engine",
+        "cluster",
+        "launch",
+        "--nodes",
+        str(nodes(device)),
+    ]
     head += ["--cpus-per-node", str(config["cpus_per_node"])]
     if config["ray_port"]:
         head += ["--port", str(config["ray_port"])]

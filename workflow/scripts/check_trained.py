@@ -12,18 +12,19 @@ import re
 import sys
 from pathlib import Path
 
-from engine.launch import saved_step
+from engine.run.rundir import RunDir
 
 
 def main(run_dir: str) -> int:
     run = Path(run_dir)
-    saved = saved_step(run / "checkpoints")
+    files = RunDir(run)
+    saved = files.saved_step()
     if not saved:
         print(f"error: {run}/checkpoints has no finished checkpoint; set trainer.save_freq", file=sys.stderr)
         return 1
-    record = json.loads((run / "run.json").read_text())
+    record = json.loads(files.record.read_text())
     want = record.get("target_steps") or record.get("last_step")
-    log = run / "train.log"
+    log = files.log
     text = log.read_text(errors="replace") if log.exists() else ""
     announced = re.findall(r"Total training steps: (\d+)", text)
     if announced:

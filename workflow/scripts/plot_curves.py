@@ -1,13 +1,13 @@
 """Reward, loss and rollout/actor gap curves of one training run from verl's metrics JSONL (for
-`snakemake --report`). The gap panel is the agreement gate of engine/gates.py drawn per step, with its
+`snakemake --report`). The gap panel is the agreement gate of engine/run/gates.py drawn per step, with its
 threshold for the run's device. A resumed run may log a step twice; the latest line wins.
 """
 
 import sys
 from pathlib import Path
 
-from engine import gates
-from engine.provenance import read_metrics
+from engine.records.provenance import read_metrics
+from engine.run import gates
 
 REWARD_KEYS = ("critic/score/mean", "critic/rewards/mean")
 LOSS_KEYS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy")

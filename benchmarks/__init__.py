@@ -1,0 +1,1 @@
+"""Benchmarks, run from a checkout (`python -m benchmarks.X`); not part of the engine package."""

@@ -1,0 +1,320 @@
+"""`python -m benchmarks.gpu_bench`: training throughput and peak memory of Qwen3.5 through verl's engine.
+
+Every configuration runs in its own `torch.distributed.run` process group, so an out-of-memory or a
+kernel failure costs one row, not the table. Rows: plain FSDP2 (our own fully_shard + AdamW loop, the
+ceiling) and verl's FSDP2 engine (`EngineRegistry`, GRPO's `ppo_loss`) padded and packed
+(remove-padding), each with the gated-delta-net on transformers' torch fallback (`torch`) or on
+flash-linear-attention with its Triton causal conv1d (`fla`). Throughput counts every token of the
+batch; MFU uses 6 x text parameters x tokens/s against the device's dense bf16 peak.
+
+`make-model` writes the random-init Qwen3.5-0.8B-shaped model (and the tiny tokenizer) the GPU recipe
+and this benchmark use; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from engine import errors, fsutil
+from engine.errors import ArgumentParser, UserError
+
+console = Console(stderr=True, highlight=False)
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
+MODES = ("plain", "verl-padded", "verl-packed")
+KERNELS = ("torch", "fla")
+# Qwen3.5-0.8B text shape (the smoke recipe's model); vision tower kept small-but-real like the release.
+TEXT_0P8B: dict[str, Any] = {
+    "vocab_size": 248320,
+    "hidden_size": 1024,
+    "intermediate_size": 3584,
+    "num_hidden_layers": 24,
+    "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 6,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 16,
+    "linear_conv_kernel_dim": 4,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": True,
+}
+VISION_0P8B: dict[str, Any] = {"depth": 12, "hidden_size": 768, "intermediate_size": 3072, "num_heads": 12}
+
+
+# ------------------------------------------------------------------------------------------- model
+def make_model(out: Path, seed: int = 0, device: str = "cpu", small: bool = False) -> Path:
+    """Random-init Qwen3.5 (VL layout) in the 0.8B shape, bf16 safetensors, plus the tiny tokenizer padded
+    to the model's vocabulary."""
+    import torch
+    from transformers.models import qwen3_5
+
+    from engine.data import assets
+
+    text = dict(TEXT_0P8B)
+    vision = dict(VISION_0P8B, out_hidden_size=text["hidden_size"])
+    if small:  # CPU tests: same layer pattern and vocabulary handling, tiny widths
+        text |= {"vocab_size": 1024, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4}
+        text |= {"layer_types": ["linear_attention"] * 3 + ["full_attention"], "head_dim": 16}
+        text |= {"linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2}
+        text |= {"linear_num_value_heads": 2}
+        vision = {
+            "depth": 1,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": 64,
+        }
+    tokenizer = assets.build_tokenizer(seed, size=text["vocab_size"])  # covers the whole vocabulary
+    config = qwen3_5.Qwen3_5Config(
+        text_config=text | assets.text_token_ids(tokenizer),
+        vision_config=vision,
+        tie_word_embeddings=text["tie_word_embeddings"],
+        **assets.vision_token_ids(tokenizer),
+    )
+    config.architectures = ["Qwen3_5ForConditionalGeneration"]
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = qwen3_5.Qwen3_5ForConditionalGeneration(config).to(torch.bfloat16)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    out.parent.mkdir(parents=True, exist_ok=True)
+    assets.save_model(model, tokenizer, out)
+    return out
+
+
+def text_params(config: Any) -> int:
+    """Parameters of the text model (embeddings included once when tied): the 6N of the MFU estimate."""
+    t = config.get_text_config()
+    h, layers = t.hidden_size, t.num_hidden_layers
+    kinds = list(t.layer_types)
+    full = h * (t.num_attention_heads * t.head_dim * 2) + 2 * h * t.num_key_value_heads * t.head_dim
+    full += t.num_attention_heads * t.head_dim * h
+    kd, vd = (
+        t.linear_num_key_heads * t.linear_key_head_dim,
+        t.linear_num_value_heads * t.linear_value_head_dim,
+    )
+    lin = h * (2 * kd + vd) + h * vd + 2 * h * t.linear_num_value_heads + vd * h
+    lin += (2 * kd + vd) * t.linear_conv_kernel_dim
+    mlp = 3 * h * t.intermediate_size
+    per = sum((full if k == "full_attention" else lin) + mlp for k in kinds[:layers])
+    embed = t.vocab_size * h * (1 if t.tie_word_embeddings else 2)
+    return per + embed
+
+
+# ------------------------------------------------------------------------------------------- driver
+def run_matrix(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every (mode, kernels) pair in a fresh process group; failures become rows with the last error line."""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    for kernels in args.kernels:
+        for mode in args.modes:
+            before = args.out.read_text().count("\n") if args.out.exists() else 0
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={args.gpus}",
+            ]
+            cmd += ["-m", "benchmarks.gpu_worker", "--model", str(args.model), "--out", str(args.out)]
+            cmd += ["--modes", mode, "--kernels", kernels, "--batch", str(args.batch), "--mbs", str(args.mbs)]
+            cmd += ["--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+            cmd += ["--recompute"] if args.recompute else []
+            cmd += ["--profile", str(args.profile)] if args.profile else []
+            cmd += ["--logprobs", args.logprobs, "--fill", str(args.fill), "--gpus", str(args.gpus)]
+            label = f"{mode}/{kernels} x{args.gpus} b{args.batch} mbs{args.mbs} s{args.seq}"
+            console.print(f"[bold]bench[/bold] {label}")
+            started = time.monotonic()
+            log = args.out.with_suffix(f".{_slug(mode, kernels, args)}.log")
+            with log.open("w") as handle:
+                code = _run_group(cmd, handle, args.timeout)
+            lines = args.out.read_text().splitlines() if args.out.exists() else []
+            if code == 0 and len(lines) > before:
+                row = json.loads(lines[-1])
+            else:
+                tail = [ln for ln in log.read_text(errors="replace").splitlines() if "Error" in ln][-1:]
+                row = {"mode": mode, "kernels": kernels, "gpus": args.gpus, "batch": args.batch}
+                row |= {
+                    "mbs": args.mbs,
+                    "seq": args.seq,
+                    "fill": args.fill,
+                    "logprobs": args.logprobs,
+                    "error": (tail or [f"exit {code}"])[0],
+                }
+                with args.out.open("a") as handle:
+                    handle.write(json.dumps(row) + "\n")
+            row["wall_s"] = round(time.monotonic() - started, 1)
+            rows.append(row)
+            console.print(f"  {_cell(row)}")
+    return rows
+
+
+def _run_group(cmd: list[str], log: Any, timeout: float) -> int | str:
+    """Run in its own process group and kill the whole group on timeout.
+
+    torch.distributed.run's workers outlive a killed launcher: left running they hold the GPU and
+    the CPU, and they append a late row to the results, which skews every row measured after them.
+    """
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return f"timeout after {timeout:.0f} s"
+
+
+def _slug(mode: str, kernels: str, args: argparse.Namespace) -> str:
+    """One configuration's file stem: its log here, its profile table in the worker."""
+    shape = f"g{args.gpus}.b{args.batch}.m{args.mbs}.s{args.seq}.f{args.fill:g}"
+    return f"{mode}.{kernels}.{args.logprobs}.{shape}"
+
+
+def _run_name(row: dict[str, Any]) -> str:
+    verl_logprobs = row.get("logprobs") == "verl" and row["mode"] != "plain"
+    return row["mode"] + (" (verl log-probs)" if verl_logprobs else "")
+
+
+def _shape(row: dict[str, Any]) -> str:
+    fill = row.get("fill", 1.0)
+    return f"{row['batch']}/{row['mbs']}/{row['seq']}" + (f" fill {fill:g}" if fill < 1 else "")
+
+
+def _mfu(row: dict[str, Any]) -> str:
+    return f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "-"
+
+
+def _cell(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return f"failed: {row['error'][:160]}"
+    mfu = _mfu(row)
+    speed = f"{row['tokens_per_s']:,.0f} tok/s, {row['step_ms']:,.0f} ms/step"
+    return f"{speed}, MFU {mfu}, peak {row['peak_alloc_gib']} GiB"
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The table docs/performance.md carries."""
+    head = "| run | kernels | GPUs | batch/mbs/seq | tokens/s | tokens/s/GPU | step ms | MFU | peak GiB |\n"
+    head += "|---|---|---|---|---|---|---|---|---|\n"
+    body = []
+    for r in rows:
+        shape = _shape(r)
+        if "error" in r:
+            body.append(
+                f"| {_run_name(r)} | {r['kernels']} | {r['gpus']} | {shape} | failed: {r['error'][:80]} |||||"
+            )
+            continue
+        mfu = _mfu(r)
+        body.append(
+            f"| {_run_name(r)} | {r['kernels']} | {r['gpus']} | {shape} | {r['tokens_per_s']:,.0f} | "
+            f"{r['tokens_per_s_per_gpu']:,.0f} | {r['step_ms']:,.0f} | {mfu} | {r['peak_alloc_gib']} |"
+        )
+    return head + "\n".join(body) + "\n"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(prog="python -m benchmarks.gpu_bench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    mk = sub.add_parser("make-model", help="write the random-init Qwen3.5-0.8B-shaped model + tokenizer")
+    mk.add_argument("--out", type=Path, required=True)
+    mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--small", action="store_true", help="tiny widths (tests on CPU)")
+    run = sub.add_parser("run", help="run the benchmark matrix")
+    run.add_argument("--model", type=Path, required=True, help="model directory (make-model writes one)")
+    run.add_argument("--out", type=Path, default=Path("results/bench-gpu/bench.jsonl"))
+    run.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES))
+    run.add_argument("--kernels", type=lambda s: s.split(","), default=list(KERNELS))
+    run.add_argument("--gpus", type=int, default=1)
+    run.add_argument("--batch", type=int, default=4, help="sequences per GPU per step")
+    run.add_argument("--mbs", type=int, default=4, help="micro-batch per GPU")
+    run.add_argument("--seq", type=int, default=2048)
+    run.add_argument("--steps", type=int, default=3, help="timed steps")
+    run.add_argument("--warmup", type=int, default=1)
+    run.add_argument("--recompute", action="store_true", help="gradient checkpointing")
+    run.add_argument(
+        "--logprobs",
+        choices=("chunked", "verl"),
+        default="chunked",
+        help="verl rows: engine.runtime.kernels.token_logprobs (what `engine run` uses) "
+        "or verl's own fallback",
+    )
+    run.add_argument(
+        "--fill",
+        type=float,
+        default=1.0,
+        help="verl rows: response lengths uniform in [FILL, 1] x seq/2; tokens/s counts real tokens",
+    )
+    run.add_argument("--profile", type=Path, default=None, help="write torch.profiler tables here")
+    run.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration")
+    return parser
+
+
+def _validate(args: argparse.Namespace) -> None:
+    bad = [m for m in args.modes if m not in MODES] + [k for k in args.kernels if k not in KERNELS]
+    if bad:
+        raise UserError(f"unknown --modes/--kernels {bad}; choose from {list(MODES)} and {list(KERNELS)}")
+    if min(args.gpus, args.batch, args.mbs, args.seq, args.steps) < 1 or args.warmup < 0:
+        raise UserError("--gpus, --batch, --mbs, --seq and --steps must be positive (--warmup >= 0)")
+    if args.batch % args.mbs:
+        raise UserError(f"--batch {args.batch} is not a multiple of --mbs {args.mbs}; make it one")
+    if not 0 < args.fill <= 1:
+        raise UserError(f"--fill {args.fill} must be in (0, 1]: the shortest response as a share of seq/2")
+    if args.seq < 2:
+        raise UserError("--seq must be at least 2 (half prompt, half response)")
+    if not (args.model / "config.json").is_file():
+        raise UserError(
+            f"--model {args.model}: no config.json; write one with `bench-gpu make-model --out DIR`"
+        )
+
+
+def _bench_rows(path: Path) -> str | None:
+    """Rows accumulate in --out across invocations: append only to a file of earlier rows."""
+    try:
+        lines = path.read_text().splitlines()
+        ok = all(isinstance(json.loads(line), dict) for line in lines if line.strip())
+    except (OSError, ValueError):
+        ok = False
+    return None if ok else "it exists and does not hold bench-gpu rows (JSON lines)"
+
+
+def cli_main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.action == "make-model":
+        args.out = fsutil.check_out_dir(args.out)  # a model directory is written whole, never merged into
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() and not args.small else "cpu"
+        path = make_model(args.out, args.seed, device, small=args.small)
+        print(f"model {path}")
+        return 0
+    _validate(args)
+    args.out = fsutil.check_out_file(args.out, reuse=_bench_rows)
+    if args.profile is not None:
+        args.profile = fsutil.check_out_dir(args.profile, "--profile", reuse=lambda _: None)
+    rows = run_matrix(args)
+    table = Table(title=f"bench-gpu ({args.out})")
+    for column in ("run", "kernels", "GPUs", "b/mbs/seq", "result"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(_run_name(r), r["kernels"], str(r["gpus"]), _shape(r), _cell(r))
+    console.print(table)
+    md = args.out.with_suffix(".md")
+    fsutil.atomic_write(md, markdown_table(rows))
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    errors.entry(cli_main)

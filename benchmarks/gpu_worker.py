@@ -1,0 +1,252 @@
+"""One benchmark configuration on every rank of a `torch.distributed.run` group (see benchmarks.gpu_bench).
+
+Run as `python -m torch.distributed.run ... -m benchmarks.gpu_worker ARGS` by `bench-gpu run`; rank 0
+appends one JSON row to the output file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from benchmarks.gpu_bench import PEAK_TFLOPS, _parser, _slug, text_params
+from engine.env.pins import dist_version
+from engine.runtime.kernels import select_kernels
+
+
+def _batch(vocab: int, batch: int, seq: int, device: Any, seed: int) -> Any:
+    import torch
+
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randint(0, vocab, (batch, seq), generator=generator).to(device)
+
+
+def _response_mask(args: argparse.Namespace, half: int, seed: int) -> Any:
+    """Attention mask with full prompts and response lengths uniform in [fill, 1] x the response half.
+
+    `--fill 1` is every token real (no padding to remove); below 1 it is a GRPO-like batch of ragged
+    responses, right-padded, where packing (remove-padding) has work to skip.
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    share = args.fill + (1 - args.fill) * torch.rand(args.batch, generator=generator)
+    lengths = (share * (args.seq - half)).round().clamp(min=1).long()
+    mask = torch.ones(args.batch, args.seq, dtype=torch.long)
+    mask[:, half:] = (torch.arange(args.seq - half) < lengths[:, None]).long()
+    return mask
+
+
+def _plain_step_fn(model_path: str, args: argparse.Namespace, device: Any) -> tuple[Any, int]:
+    """Our own FSDP2: one fully_shard per decoder layer, bf16 compute, fp32 master weights, fused AdamW."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import AutoConfig, Qwen3_5ForConditionalGeneration
+
+    config = AutoConfig.from_pretrained(model_path)
+    model = Qwen3_5ForConditionalGeneration.from_pretrained(
+        model_path, dtype=torch.float32, attn_implementation="sdpa"
+    ).to(device)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.language_model.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device.type == "cuda")
+    vocab = config.get_text_config().vocab_size
+    rank = int(os.environ.get("RANK", "0"))
+
+    def step(index: int) -> int:
+        ids = _batch(vocab, args.batch, args.seq, device, 1000 * rank + index)
+        for micro in ids.split(args.mbs):
+            model(input_ids=micro, labels=micro).loss.backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        return ids.numel()
+
+    return step, text_params(config)
+
+
+def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tuple[Any, int]:
+    """verl's FSDP2 engine as its GRPO actor update drives it: train_batch with ppo_loss."""
+    from functools import partial
+
+    import torch
+    from verl import DataProto
+    from verl.trainer.config import CheckpointConfig
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config import ActorConfig, FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
+    from verl.workers.engine import EngineRegistry
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    if args.logprobs == "chunked":  # what engine.verl_ext does in every verl process of `engine run`
+        from engine.runtime.kernels import install_token_logprobs
+
+        install_token_logprobs()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    model_config = HFModelConfig(
+        path=model_path,
+        load_tokenizer=False,
+        use_remove_padding=packed,
+        enable_gradient_checkpointing=args.recompute,
+        override_config={"attn_implementation": "sdpa"},
+    )
+    engine_config = FSDPEngineConfig(
+        forward_only=False,
+        strategy="fsdp2",
+        fsdp_size=world,
+        use_remove_padding=packed,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=args.mbs,
+        max_token_len_per_gpu=args.mbs * args.seq,
+        ulysses_sequence_parallel_size=1,
+    )
+    engine = EngineRegistry.new(
+        model_type="language_model",
+        backend="fsdp2",
+        model_config=model_config,
+        engine_config=engine_config,
+        optimizer_config=FSDPOptimizerConfig(lr=1e-6, lr_scheduler_type="constant"),
+        checkpoint_config=CheckpointConfig(),
+    )
+    engine.initialize()
+    actor = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=args.mbs)
+    loss_fn = partial(ppo_loss, config=actor)
+    vocab = model_config.hf_config.get_text_config().vocab_size
+    half = args.seq // 2
+
+    def step(index: int) -> int:
+        ids = _batch(vocab, args.batch, args.seq, "cpu", 1000 * rank + index)
+        mask = _response_mask(args, half, 1000 * rank + index)
+        data = DataProto.from_single_dict(
+            {
+                "input_ids": ids,
+                "prompts": ids[:, :half],
+                "attention_mask": mask,
+                "position_ids": torch.arange(args.seq).expand(args.batch, args.seq).clone(),
+                "responses": ids[:, half:],
+                "response_mask": mask[:, half:],
+                "old_log_probs": torch.full((args.batch, args.seq - half), -12.0),
+                "advantages": torch.randn(args.batch, args.seq - half),
+            },
+            meta_info={"temperature": 1.0},
+        )
+        td = left_right_2_no_padding(data.to_tensordict())
+        tu.assign_non_tensor(
+            td,
+            global_batch_size=args.batch * world,
+            use_remove_padding=packed,
+            use_dynamic_bsz=False,
+            max_token_len_per_gpu=args.mbs * args.seq,
+            micro_batch_size_per_gpu=args.mbs,
+            use_fused_kernels=False,
+        )
+        with engine.train_mode():
+            engine.train_batch(td, loss_function=loss_fn)
+        return int(mask.sum())
+
+    return step, text_params(model_config.hf_config)
+
+
+def _profiler(args: argparse.Namespace, cuda: bool) -> Any:
+    """torch.profiler over the timed steps when --profile is set (the timing then includes its cost)."""
+    if not args.profile:
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    return profile(activities=activities, record_shapes=False)
+
+
+def _write_profile(profiler: Any, args: argparse.Namespace, mode: str, cuda: bool) -> None:
+    """Top operators by device and host time, and the operator count: where an engine step goes."""
+    averages = profiler.key_averages()
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    calls = sum(event.count for event in averages)
+    text = f"# {mode}/{args.kernels[0]} b{args.batch} mbs{args.mbs} s{args.seq}: {calls} operator calls\n"
+    text += averages.table(sort_by=sort, row_limit=40, max_name_column_width=70)
+    if cuda:
+        text += "\n" + averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)
+    args.profile.mkdir(parents=True, exist_ok=True)
+    (args.profile / f"{_slug(mode, args.kernels[0], args)}.txt").write_text(text)
+
+
+def worker_main(argv: list[str]) -> int:
+    """One configuration on every rank of a torch.distributed.run group; rank 0 appends a JSON row."""
+    args = _parser().parse_args(["run", *argv])
+    kernels = select_kernels(args.kernels[0])
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    mode = args.modes[0]
+    if mode == "plain":
+        step, n_params = _plain_step_fn(str(args.model), args, device)
+    else:
+        step, n_params = _verl_step_fn(str(args.model), args, packed=mode == "verl-packed")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for index in range(args.warmup):
+        step(index)
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    dist.barrier()
+    profiler = _profiler(args, cuda)
+    start = time.perf_counter()
+    with profiler or contextlib.nullcontext():
+        real_tokens = sum(step(args.warmup + index) for index in range(args.steps))
+        sync()
+    dist.barrier()
+    elapsed = (time.perf_counter() - start) / args.steps
+    if profiler is not None and dist.get_rank() == 0:
+        _write_profile(profiler, args, mode, cuda)
+    world = dist.get_world_size()
+    peak = torch.tensor([torch.cuda.max_memory_allocated() if cuda else 0.0], device=device)
+    reserved = torch.tensor([torch.cuda.max_memory_reserved() if cuda else 0.0], device=device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    dist.all_reduce(reserved, op=dist.ReduceOp.MAX)
+    if dist.get_rank() == 0:
+        tokens = real_tokens * world / args.steps / elapsed  # non-padding tokens (same count per rank)
+        name = torch.cuda.get_device_name() if cuda else "cpu"
+        peak_tflops = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+        row = {
+            "mode": mode,
+            "kernels": args.kernels[0],
+            "kernel_detail": kernels,
+            "logprobs": args.logprobs if mode != "plain" else "model loss",
+            "gpus": world,
+            "batch": args.batch,
+            "mbs": args.mbs,
+            "seq": args.seq,
+            "fill": args.fill,
+            "step_ms": round(1000 * elapsed, 1),
+            "tokens_per_s": round(tokens, 1),
+            "tokens_per_s_per_gpu": round(tokens / world, 1),
+            "mfu": round(6 * n_params * tokens / world / (peak_tflops * 1e12), 4) if peak_tflops else None,
+            "peak_alloc_gib": round(float(peak) / 1024**3, 2),
+            "peak_reserved_gib": round(float(reserved) / 1024**3, 2),
+            "text_params": n_params,
+            "device": name,
+            "torch": torch.__version__,
+            "transformers": dist_version("transformers"),
+            "verl": dist_version("verl"),
+        }
+        with open(args.out, "a") as handle:
+            handle.write(json.dumps(row) + "\n")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main(sys.argv[1:]))

@@ -1,0 +1,363 @@
+"""`python -m engine export CHECKPOINT --out DIR`: a checkpoint becomes verified Hugging Face safetensors.
+
+Meshes verl's merger understands (`fsdp`, `ddp,fsdp`) go through `verl.model_merger`; any other mesh
+(fsdp_turbo's `dp_fsdp`, expert meshes, 2-D sharding) goes through the mesh-agnostic streaming merge of
+`engine.checkpoint.merge`. Either way the result is verified (key set from a meta-device model of the config,
+shapes, dtypes, the per-expert MoE layout transformers saves and loads, optionally logits), given a
+model card and a sha256 manifest, and only then renamed from a temporary directory to DIR.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from engine import fsutil
+from engine.checkpoint import experts, layout, merge
+from engine.errors import ArgumentParser, OutputError, UserError
+from engine.hashing import sha256_file
+from engine.records.model_card import model_card
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".index.json", ".pt")
+LOGITS_ATOL_SAME_WEIGHTS = 1e-4  # exported weights vs the checkpoint's rounded to the export dtype
+LOGITS_RTOL_FULL_PRECISION = 5e-2  # exported vs fp32 checkpoint, relative to the largest |logit|
+
+
+def _progress() -> Any:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TimeRemainingColumn(),
+        transient=False,
+    )
+
+
+def model_class(config: Any) -> Any:
+    import transformers
+
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    if not arch or not hasattr(transformers, arch):
+        raise UserError(
+            f"config.json architectures={arch!r} is not a transformers class: fix huggingface/config.json"
+        )
+    return getattr(transformers, arch)
+
+
+def expected_layout(config: Any, dtype: Any) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+    """Keys and shapes save_pretrained would write for this config, from a meta-device model."""
+    import torch
+
+    cls = model_class(config)
+    with torch.device("meta"):
+        model = cls._from_config(config, dtype=dtype)
+    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+    shapes: dict[str, tuple[int, ...]] = {}
+    for key, tensor in model.state_dict().items():
+        if key not in tied:
+            shapes.update(experts.split_expert_specs(key, tuple(tensor.shape)))
+    return shapes, tied
+
+
+def read_exported(out: Path) -> dict[str, tuple[tuple[int, ...], str, str]]:
+    """key -> (shape, safetensors dtype, file) from the headers of the exported files."""
+    from safetensors import SafetensorError, safe_open
+
+    found: dict[str, tuple[tuple[int, ...], str, str]] = {}
+    for f in sorted(out.glob("*.safetensors")):
+        try:
+            with safe_open(f, framework="pt") as handle:
+                for key in handle.keys():  # noqa: SIM118  (a safe_open handle is not iterable)
+                    if key in found:
+                        raise UserError(f"export verification failed: {key} is in two files")
+                    piece = handle.get_slice(key)
+                    found[key] = (tuple(piece.get_shape()), piece.get_dtype(), f.name)
+        except SafetensorError as err:
+            raise UserError(
+                f"export verification failed: {f.name} is not readable safetensors ({err})"
+            ) from None
+    index = out / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        if weight_map != {k: v[2] for k, v in found.items()}:
+            raise UserError(
+                "export verification failed: model.safetensors.index.json disagrees with the shards"
+            )
+    return found
+
+
+def verify_structure(out: Path, config: Any, dtype: Any) -> dict[str, Any]:
+    """Key set, shapes, dtypes and MoE layout of the export against the model class of the config."""
+    expected, tied = expected_layout(config, dtype)
+    found = read_exported(out)
+    want_dtype = merge.SAFETENSORS_DTYPES[str(dtype)]
+    fused = [k for k in found if experts.is_fused(k)]
+    per_expert = [k for k in found if experts.is_expert_key(k)]
+    problems = (
+        [f"fused expert tensors {fused[:2]}: transformers saves and loads per-expert keys"] if fused else []
+    )
+    problems += [f"missing {k}" for k in sorted(set(expected) - set(found))]
+    problems += [f"unexpected {k}" for k in sorted(set(found) - set(expected))]
+    for key in sorted(set(expected) & set(found)):
+        shape, dt, _ = found[key]
+        if shape != expected[key]:
+            problems.append(f"{key} shape {shape} != {expected[key]}")
+        if dt != want_dtype and dt in ("BF16", "F16", "F32", "F64"):
+            problems.append(f"{key} dtype {dt} != {want_dtype}")
+    if problems:
+        raise UserError(f"export verification failed ({len(problems)} problems): {'; '.join(problems[:5])}")
+    return {
+        "keys": len(found),
+        "tied_dropped": sorted(tied),
+        "expert_keys": len(per_expert),
+        "dtype": want_dtype,
+    }
+
+
+def verify_logits(
+    out: Path, files: list[Path], plans: dict[str, merge.KeyPlan], config: Any, dtype: Any
+) -> dict:
+    """Logits of the exported model on a fixed batch against the checkpoint's own tensors."""
+    import torch
+
+    cls = model_class(config)
+    state = dict(merge.iter_merged(files, [plans[k] for k in sorted(plans)], dtype=torch.float32))
+    reference = cls._from_config(config, dtype=torch.float32).eval()
+    missing, unexpected = reference.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise UserError(
+            f"checkpoint keys do not fit {cls.__name__}: missing {missing[:3]} unexpected {unexpected[:3]}"
+        )
+    exported, info = cls.from_pretrained(out, dtype=torch.float32, output_loading_info=True)
+    if info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]:
+        raise UserError(f"export verification failed: transformers reload reports {info}")
+    # on the GPU where there is one: with flash-linear-attention installed, transformers runs the
+    # gated-delta-net layers with its Triton kernels, which take no CPU tensors
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    reference, exported = reference.to(device), exported.to(device)
+    vocab = getattr(config, "text_config", config).vocab_size
+    batch = ((torch.arange(2 * 16).reshape(2, 16) * 7919 + 13) % vocab).to(device)
+    with torch.no_grad():
+        full = reference(input_ids=batch).logits
+        got = exported.eval()(input_ids=batch).logits
+        for p in reference.parameters():
+            p.data = p.data.to(dtype).to(torch.float32)
+        rounded = reference(input_ids=batch).logits
+    same = (got - rounded).abs().max().item()
+    rel = ((got - full).abs().max() / full.abs().max().clamp_min(1e-6)).item()
+    result = {
+        "max_abs_diff_same_weights": same,
+        "max_rel_diff_full_precision": rel,
+        "batch": list(batch.shape),
+        "atol_same_weights": LOGITS_ATOL_SAME_WEIGHTS,
+        "rtol_full_precision": LOGITS_RTOL_FULL_PRECISION,
+    }
+    if same > LOGITS_ATOL_SAME_WEIGHTS or rel > LOGITS_RTOL_FULL_PRECISION:
+        raise UserError(f"export verification failed: logits differ from the checkpoint's: {result}")
+    return result
+
+
+def _out_dtype(plan: merge.KeyPlan, dtype: Any) -> Any:
+    return dtype if plan.dtype.is_floating_point else plan.dtype
+
+
+def _dtensor_export(
+    tmp: Path, files: list[Path], plans: dict[str, merge.KeyPlan], tied: set[str], dtype: Any, shard_size: int
+) -> dict[str, str]:
+    """Stream the merge into safetensors shards; returns file -> sha256 (hashed while writing)."""
+    keys = [k for k in sorted(plans) if k not in tied]
+    out_bytes = {
+        k: plans[k].nbytes // plans[k].dtype.itemsize * _out_dtype(plans[k], dtype).itemsize for k in keys
+    }
+    groups: list[list[str]] = [[]]
+    size = 0
+    for key in keys:
+        if groups[-1] and size + out_bytes[key] > shard_size:
+            groups.append([])
+            size = 0
+        groups[-1].append(key)
+        size += out_bytes[key]
+    names = (
+        ["model.safetensors"]
+        if len(groups) == 1
+        else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    )
+    hashes: dict[str, str] = {}
+    weight_map: dict[str, str] = {}
+    with _progress() as progress:
+        task = progress.add_task("merge+write", total=sum(out_bytes.values()))
+        for name, group in zip(names, groups, strict=True):
+            specs = [
+                (k, s, _out_dtype(plans[key], dtype))
+                for key in group
+                for k, s in experts.split_expert_specs(key, plans[key].shape)
+            ]
+            merged = merge.iter_merged(files, [plans[k] for k in group], dtype=dtype)
+            pieces = (piece for key, full in merged for piece in experts.split_experts(key, full))
+            hashes[name] = merge.write_safetensors(
+                tmp / name, specs, pieces, on_bytes=lambda n: progress.advance(task, n)
+            )
+            weight_map.update({k: name for k, _, _ in specs})
+    if len(names) > 1:
+        index = {"metadata": {"total_size": sum(out_bytes.values())}, "weight_map": weight_map}
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
+    return hashes
+
+
+def _verl_export(tmp: Path, actor: Path) -> None:
+    """verl's own merger, for the meshes it supports (writes bf16 through save_pretrained)."""
+    cmd = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
+    cmd += ["--local_dir", str(actor), "--target_dir", str(tmp)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise UserError(f"verl.model_merger failed (exit {proc.returncode}): {tail[0]}; try --method dtensor")
+
+
+def _copy_hf_side_files(hf_dir: Path, tmp: Path, dtype_name: str) -> None:
+    for f in sorted(hf_dir.iterdir()):
+        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and not (tmp / f.name).exists():
+            shutil.copy2(f, tmp / f.name)
+    config = json.loads((tmp / "config.json").read_text())
+    config["dtype"] = dtype_name
+    if isinstance(config.get("text_config"), dict):
+        config["text_config"]["dtype"] = dtype_name
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def export(
+    checkpoint: str | Path,
+    out: str | Path,
+    method: str = "auto",
+    dtype: str = "auto",
+    shard_size: int = 2 << 30,
+    logits: bool = False,
+    record: str | None = None,
+) -> dict[str, Any]:
+    """Merge, verify, describe and hash a checkpoint; DIR appears only once all of that passed."""
+    import torch
+    import transformers
+
+    out = fsutil.check_out_dir(out).resolve()
+    if out.exists():
+        raise OutputError(f"--out {out} already exists: pick a new directory (exports are never overwritten)")
+    fix = "pass a provenance.json written by `python -m engine provenance write`"
+    rec = fsutil.read_json(record, "--record", fix) if record else None
+    actor = merge.resolve_actor_dir(checkpoint)
+    hf_dir = actor / "huggingface"
+    if not (hf_dir / "config.json").is_file():
+        raise UserError(f"{hf_dir}/config.json missing: the trainer saves it with the checkpoint")
+    fsutil.read_json(hf_dir / "config.json", "model config", "the trainer saves it with the checkpoint")
+    files = merge.rank_files(actor)
+    with merge.quiet_mesh_warnings():
+        plans = merge.plan_merge(files)
+    meshes = sorted(merge.mesh_names(plans))
+    if method == "auto":
+        method = "verl" if set(meshes) <= merge.MERGER_MESHES else "dtensor"
+    if method == "verl" and not set(meshes) <= merge.MERGER_MESHES:
+        raise UserError(f"verl.model_merger cannot merge meshes {meshes}: use --method dtensor")
+    if method == "verl" and dtype not in ("auto", "bf16"):
+        raise UserError(
+            f"--dtype {dtype}: verl.model_merger writes bf16 only; use --method dtensor for {dtype}"
+        )
+    try:
+        config = transformers.AutoConfig.from_pretrained(hf_dir)
+    except (OSError, ValueError, KeyError) as err:
+        first = (str(err).splitlines() or [type(err).__name__])[0]
+        raise UserError(f"{hf_dir}/config.json: transformers cannot read it ({first}); re-copy it") from None
+    dtype_name = "bfloat16" if dtype == "auto" else DTYPES[dtype]
+    torch_dtype = getattr(torch, dtype_name)
+    with fsutil.publish_dir(out) as tmp:
+        started = time.time()
+        _, tied = expected_layout(config, torch_dtype)
+        if method == "verl":
+            _verl_export(tmp, actor)
+            hashes: dict[str, str] = {}
+        else:
+            hashes = _dtensor_export(tmp, files, plans, tied, torch_dtype, shard_size)
+        _copy_hf_side_files(hf_dir, tmp, dtype_name)
+        verification: dict[str, Any] = {"structure": verify_structure(tmp, config, torch_dtype)}
+        if logits:
+            with merge.quiet_mesh_warnings():
+                verification["logits"] = verify_logits(tmp, files, plans, config, torch_dtype)
+        step = layout.step_name(actor.parent)
+        report = {
+            "checkpoint": str(actor),
+            "step": step,
+            "world_size": len(files),
+            "meshes": meshes,
+            "method": method,
+            "architecture": model_class(config).__name__,
+            "verification": verification,
+            "seconds": round(time.time() - started, 2),
+        }
+        (tmp / "README.md").write_text(model_card(report, actor, rec))
+        (tmp / "export.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        with _progress() as progress:
+            for f in sorted(tmp.iterdir()):
+                if f.name not in hashes:
+                    hashes[f.name] = sha256_file(f, progress if f.stat().st_size > 64 << 20 else None)
+        manifest = "".join(f"{hashes[n]}  {n}\n" for n in sorted(hashes))
+        (tmp / "SHA256SUMS").write_text(manifest)
+    report["files"] = dict(sorted(hashes.items()))
+    return report
+
+
+def _size(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    text = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        size = int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+    except (ValueError, IndexError, OverflowError):
+        size = 0
+    if size < 1:
+        raise UserError(f"--shard-size {text!r}: give a positive number of bytes or a size like 2GiB")
+    return size
+
+
+def cli_main(argv: list[str]) -> int:
+    parser = ArgumentParser(prog="python -m engine export", description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", help="checkpoint root, global_step_N or its actor/ dir")
+    parser.add_argument("--out", required=True, help="new directory for the export")
+    parser.add_argument(
+        "--method",
+        choices=["auto", "verl", "dtensor"],
+        default="auto",
+        help="auto: verl.model_merger for fsdp / ddp,fsdp meshes, the DTensor merge otherwise",
+    )
+    parser.add_argument(
+        "--dtype", choices=["auto", *DTYPES], default="auto", help="export dtype (auto: bf16)"
+    )
+    parser.add_argument(
+        "--shard-size", default="2GiB", help="split safetensors above this size (with an index)"
+    )
+    parser.add_argument("--verify-logits", action="store_true", help="also compare logits (small models)")
+    parser.add_argument("--record", help="provenance record whose summary goes into the model card")
+    args = parser.parse_args(argv)
+    report = export(
+        args.checkpoint,
+        args.out,
+        args.method,
+        args.dtype,
+        _size(args.shard_size),
+        args.verify_logits,
+        args.record,
+    )
+    structure = report["verification"]["structure"]
+    print(
+        f"export: {args.out} ({report['method']}, {structure['keys']} keys, {structure['dtype']}, "
+        f"{len(report['files'])} files hashed, {report['seconds']} s)"
+    )
+    if "logits" in report["verification"]:
+        print(
+            f"export: logits max |diff| {report['verification']['logits']['max_abs_diff_same_weights']:.2e}"
+        )
+    return 0

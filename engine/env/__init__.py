@@ -1,0 +1,1 @@
+"""The software environment: container pins against installed versions, and the offline wheelhouse."""

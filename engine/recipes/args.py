@@ -1,0 +1,29 @@
+"""The arguments that pick a recipe, defined once for every command that loads one."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+DEVICES = ("gpu", "npu", "cpu")
+
+
+def add_recipe_args(
+    parser: argparse.ArgumentParser, devices: Sequence[str] = DEVICES, device_required: bool = False
+) -> None:
+    """`RECIPE [--device D] [--set KEY=VALUE ...]` (args.recipe, args.device, args.sets)."""
+    parser.add_argument("recipe", help="recipe name (see `list`) or path to a YAML file")
+    parser.add_argument(
+        "--device",
+        choices=list(devices),
+        required=device_required,
+        help="device profile" + ("" if device_required else " (default: recipe's)"),
+    )
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe field by dotted path, e.g. parallel.ep=4 (repeatable)",
+    )

@@ -1,0 +1,159 @@
+"""What a record adds around its run directory: the Snakemake chain that produced it, and who ran it.
+
+`provenance write RUN_DIR --workflow SNAKEFILE` records RUN_DIR as the train step of the chain the
+Snakefile runs under results/<recipe>/ (docs/workflow.md): data/ (prepare_data), smoke/, RUN_DIR (train)
+and the --export directories (export). The record's `workflow` key lists the steps;
+engine.records.rocrate_chain turns them into a Provenance Run Crate. `agent` and `publisher` name the
+crate's author and publisher.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from engine.checkpoint import layout
+from engine.errors import UserError
+from engine.run.rundir import RunDir
+
+ENGINE = "python -m engine"
+
+
+def mtime(path: Path) -> str:
+    """When a step's last output was written (UTC, ISO 8601): its end time."""
+    return datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).isoformat(timespec="seconds")
+
+
+def _need(path: Path, what: str) -> Path:
+    if not path.is_file():
+        raise UserError(
+            f"--workflow: {path} is missing, so the chain's {what} did not finish here: pass --workflow only "
+            "for a run directory of the Snakemake chain (results/<recipe>/train)"
+        )
+    return path
+
+
+def files_of(paths: list[Path]) -> list[Path]:
+    """Files of files-or-directories, in the order the record hashes them."""
+    return [f for p in paths for f in (sorted(p.rglob("*")) if p.is_dir() else [p]) if f.is_file()]
+
+
+def checkpoint_files(run_dir: Path) -> list[Path]:
+    """Files of the step the tracker names (what `engine export` reads), else of every step."""
+    root = RunDir(run_dir).checkpoints
+    step = layout.tracked_step(root)
+    chosen = layout.step_dir(root, step)
+    return files_of([chosen if step and chosen.is_dir() else root])
+
+
+def steps(
+    run_dir: Path, exports: list[Path], snakefile: Path, run: dict[str, Any], model_config: list[Path]
+) -> tuple[list[tuple[Path, str]], list[dict[str, Any]]]:
+    """(files to hash with their roles, the steps with object/result as Paths), prepare_data to export.
+
+    `run` is the train step's run.json; `model_config` the model files the record hashes as inputs.
+    """
+    if not snakefile.is_file():
+        raise UserError(f"--workflow {snakefile}: no such file: pass the Snakefile that ran the chain")
+    chain = run_dir.parent
+    manifest_path = _need(chain / "data" / "manifest.json", "prepare_data step")
+    manifest = json.loads(manifest_path.read_text())
+    data = [chain / "data" / name for name in sorted(manifest.get("files", {}))] + [manifest_path]
+    smoke_dir = RunDir(chain / "smoke")
+    smoke_run = _need(smoke_dir.record, "smoke step")
+    smoke = json.loads(smoke_run.read_text())
+    smoke_files = [p for p in (smoke_run, smoke_dir.metrics) if p.is_file()]
+    train_data = [p for p in data if p.suffix == ".parquet"]
+    found = [
+        {
+            "name": "prepare_data",
+            "command": f"{ENGINE} prepare-data",
+            "description": f"`{ENGINE} prepare-data` of dataset {manifest.get('dataset')}: "
+            + ", ".join(f"{k} {v.get('rows')} rows" for k, v in sorted(manifest.get("files", {}).items())),
+            "end": mtime(manifest_path),
+            "object": [],
+            "result": data,
+        },
+        {
+            "name": "smoke",
+            "command": f"{ENGINE} run",
+            "description": f"`{ENGINE} run` smoke gate of recipe {smoke.get('recipe')}: "
+            f"{smoke.get('steps_done')} step(s), status {smoke.get('status')}",
+            "start": smoke.get("start"),
+            "end": smoke.get("end"),
+            "exit_code": smoke.get("exit_code"),
+            "object": train_data + model_config,
+            "result": smoke_files,
+        },
+        {
+            "name": "train",
+            "command": f"{ENGINE} run",
+            "start": run.get("start"),
+            "end": run.get("end"),
+            "exit_code": run.get("exit_code"),
+            "object": train_data + model_config + [RunDir(run_dir).recipe],
+            "result": checkpoint_files(run_dir),
+        },
+    ]
+    for n, export in enumerate(exports, start=1):
+        report_path = _need(export / "export.json", "export step")
+        report = json.loads(report_path.read_text())
+        structure = report.get("verification", {}).get("structure", {})
+        sums = export / "SHA256SUMS"
+        found.append(
+            {
+                "name": "export" if len(exports) == 1 else f"export-{n}",
+                "command": f"{ENGINE} export",
+                "description": f"`{ENGINE} export` of step {report.get('step')} ({report.get('method')}): "
+                f"{structure.get('keys')} keys verified, dtype {structure.get('dtype')}"
+                + (", logits verified" if "logits" in report.get("verification", {}) else ""),
+                "end": mtime(sums if sums.is_file() else report_path),
+                "object": checkpoint_files(run_dir),
+                "result": files_of([export]),
+            }
+        )
+    for position, step in enumerate(found, start=1):
+        step["position"] = position
+    hashed = [(snakefile, "workflow"), *((p, "data") for p in data), *((p, "smoke") for p in smoke_files)]
+    return hashed, found
+
+
+def _git_user(repo: Path) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "config", "user.name"], cwd=repo, capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def agent(repo: Path) -> dict[str, str]:
+    """Who ran it: $ENGINE_AUTHOR, else git's user.name, else the login name."""
+    if os.environ.get("ENGINE_AUTHOR"):
+        return {"name": os.environ["ENGINE_AUTHOR"], "source": "ENGINE_AUTHOR"}
+    name = _git_user(repo)
+    if name:
+        return {"name": name, "source": "git user.name"}
+    try:
+        return {"name": getpass.getuser(), "source": "login name"}
+    except (OSError, KeyError):
+        return {"name": f"uid {os.getuid()}", "source": "uid"}
+
+
+def publisher() -> dict[str, str] | None:
+    """The organisation publishing the record: $ENGINE_PUBLISHER + $ENGINE_PUBLISHER_URL, or None."""
+    name, url = os.environ.get("ENGINE_PUBLISHER"), os.environ.get("ENGINE_PUBLISHER_URL")
+    if not name and not url:
+        return None
+    if not (name and url and url.startswith(("https://", "http://"))):
+        raise UserError(
+            "ENGINE_PUBLISHER and ENGINE_PUBLISHER_URL go together: set both (the URL as https://...) "
+            "or neither"
+        )
+    return {"name": name, "url": url}

@@ -1,0 +1,328 @@
+"""`python -m engine run`: launch verl's own `main_ppo` from a compiled recipe and watch it.
+
+verl is only ever a subprocess here (this module imports neither torch nor verl), so a run is exactly
+the command `render --format script` prints, plus the run directory's environment. Progress comes from
+verl's `file` logger (one JSON line per step, unbuffered), not from scraping the console; the console
+goes to DIR/train.log. A run succeeds only if verl exits 0 *and* this launch logged training steps up
+to the recipe's target — verl also exits 0 after resuming a finished checkpoint without training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from engine import fsutil
+from engine.checkpoint import layout
+from engine.errors import ArgumentParser, UserError
+from engine.recipes.args import add_recipe_args
+from engine.recipes.models import TINY_MODELS
+from engine.run import gates, rundir
+from engine.run.redact import redact_env, scrub, secret_values
+from engine.run.rundir import RunDir, read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+console = Console(highlight=False, soft_wrap=True)
+errors = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def run_parser(prog: str) -> argparse.ArgumentParser:
+    """`RECIPE [--device] [--set ...] [--out DIR]`: what `run` (and the overhead benchmark) take."""
+    parser = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    add_recipe_args(parser)
+    parser.add_argument("--out", type=Path, help="run directory (default: results/runs/RECIPE)")
+    return parser
+
+
+def _write_scrubbed(path: Path, text: str) -> None:
+    """Every file a run writes goes through the credential scrubber (launch.sh may carry env values)."""
+    fsutil.atomic_write(path, scrub(text))
+
+
+def reusable_run_dir(recipe_name: str) -> Callable[[Path], str | None]:
+    """`run` resumes in its own run directory of the same recipe, and writes into no other non-empty one."""
+
+    def reuse(out: Path) -> str | None:
+        run = RunDir(out)
+        if not run.holds_run():
+            return "it is not empty and holds no run (no run.json, launch.sh or checkpoints/)"
+        if run.record.exists():
+            try:
+                earlier = json.loads(run.record.read_text()).get("recipe")
+            except (OSError, ValueError, AttributeError):
+                return "its run.json is unreadable, so it is not a run directory this command made"
+            if earlier != recipe_name:
+                return f"it holds a run of recipe {earlier!r}, whose checkpoints this run would resume"
+        return None
+
+    return reuse
+
+
+def build_plan(ref: str, device: str | None, sets: list[str], out: Path) -> Any:
+    """Load the recipe with the run directory applied through the ordinary `--set` paths, then compile."""
+    from engine.recipes import loader, plan
+
+    for item in sets:
+        if item.partition("=")[0].strip() == "trainer.checkpoint_dir":
+            raise UserError(f"--set {item}: a run keeps its checkpoints in --out/checkpoints; pass --out")
+    first = loader.load(ref, device=device, sets=sets)
+    loggers = list(first.trainer.logger)
+    if "file" not in loggers:
+        loggers.append("file")
+    run_sets = [
+        *sets,
+        f"trainer.checkpoint_dir={RunDir(out).checkpoints}",
+        f"trainer.logger=[{','.join(loggers)}]",
+    ]
+    resolved = loader.load(ref, device=device, sets=run_sets)
+    _ensure_tiny_assets(resolved)
+    return plan.compile_recipe(resolved)
+
+
+def _ensure_tiny_assets(r: Any) -> None:
+    """The tiny recipes point at generated assets: build them (offline, seeded) when they are missing."""
+    model_path = Path(r.model.path)
+    if r.model.name not in {spec.name for spec in TINY_MODELS} or model_path.exists():
+        return
+    out = model_path.parent
+    console.print(f"[dim]building tiny assets into {out} (python -m engine assets)[/dim]")
+    done = subprocess.run([sys.executable, "-m", "engine", "assets", "--out", str(out)], capture_output=True)
+    if done.returncode != 0 or not model_path.exists():
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise UserError(f"model.path {model_path}: building tiny assets failed ({tail[0]})")
+
+
+def launch_env(p: Any, out: Path, metrics: Path | None = None) -> dict[str, str]:
+    env = dict(os.environ) | dict(p.env)
+    env["VERL_FILE_LOGGER_PATH"] = str(metrics or RunDir(out).metrics)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(x for x in [str(ROOT), env.get("PYTHONPATH", "")] if x)
+    return env
+
+
+def progress_line(row: dict[str, Any], total: int | None) -> str:
+    data = row.get("data", {})
+
+    def fmt(key: str, spec: str = ".4g") -> str:
+        value = data.get(key)
+        return format(value, spec) if isinstance(value, int | float) else "-"
+
+    of = f"/{total}" if total else ""
+    return (
+        f"step {row['step']}{of}  reward {fmt('critic/score/mean', '.4f')}  pg_loss {fmt('actor/pg_loss')}  "
+        f"grad_norm {fmt('actor/grad_norm', '.4f')}  step {fmt('timing_s/step', '.1f')}s"
+    )
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def execute(command: list[str], env: dict[str, str], log_path: Path, metrics: Path, total: int | None) -> int:
+    """Run verl, tee everything to the log, print one line per logged step; returns the exit code."""
+    metrics.unlink(missing_ok=True)
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            command,
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            text=True,
+            errors="replace",
+        )
+        # verl and Ray echo parts of the environment (e.g. RAY_ADDRESS with userinfo): scrub each line.
+        secrets = secret_values(env)
+        tee = threading.Thread(target=_copy_scrubbed, args=(proc.stdout, log, secrets), daemon=True)
+        tee.start()
+        shown = 0
+        try:
+            while True:
+                finished = proc.poll() is not None
+                rows = read_metrics(metrics)
+                for row in rows[shown:]:
+                    console.print(progress_line(row, total))
+                shown = max(shown, len(rows))
+                if finished:
+                    break
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            _kill_tree(proc)
+            raise
+        finally:
+            tee.join(timeout=30)
+    return proc.returncode
+
+
+def _copy_scrubbed(source: Any, log: Any, secrets: list[str]) -> None:
+    for line in source:
+        log.write(scrub(line, secrets=secrets))
+        log.flush()
+
+
+RAY_START_TIMEOUT = "The current node timed out during startup"
+RAY_START_ATTEMPTS = 3  # seen failing twice in a row on 2 cores at load average 20-28
+
+
+def _ray_start_timed_out(log_path: Path) -> bool:
+    """Ray gives its raylet a hard-coded 30 s to register; on a saturated host that can fail before
+    anything of the run has started, which is safe to retry."""
+    text = log_path.read_text(errors="replace")
+    return RAY_START_TIMEOUT in text and "step:" not in text
+
+
+def outcome(code: int, rows: list[dict[str, Any]], total: int | None, saved: int = 0) -> tuple[int, bool]:
+    """(exit code to return, whether this launch trained): verl's 0 counts only with steps up to target.
+
+    A checkpoint already at the target (an earlier attempt finished training but was stopped before it
+    could report) also counts: the steps were trained, and the checkpoint is what export reads.
+    """
+    last = max((int(row["step"]) for row in rows), default=0)
+    trained = bool(rows) and (total is None or last >= total)
+    done = trained or (total is not None and saved >= total)
+    return (code if code != 0 else (0 if done else 1)), trained
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def publish_attempt(stage: Path, out: Path, logged_steps: bool) -> Path:
+    """Where this attempt's files go: over the run's files once it trained a step (the checkpoints moved
+    on, so the earlier record describes nothing any more). An attempt that trained nothing replaces
+    nothing: its files fill only the names the run lacks (run.json after Snakemake removed it) and the
+    rest go to LAST_ATTEMPT, so the earlier run's files and the record over them stay intact."""
+    if logged_steps:
+        fsutil.move_into(stage, out, last=(rundir.RECORD,))
+        return out
+    fsutil.move_into(stage, out, last=(rundir.RECORD,), missing_only=True)
+    if not stage.exists():
+        return out
+    with fsutil.publish_dir(RunDir(out).last_attempt, replace=True) as target:
+        fsutil.move_into(stage, target)
+    return RunDir(out).last_attempt
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (Slurm's time limit, scancel) stops verl's tree and publishes the attempt like Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_main(argv: list[str]) -> int:
+    args = run_parser("python -m engine run").parse_args(argv)
+    from engine import preflight
+    from engine.recipes import loader
+    from engine.recipes import plan as plan_mod
+
+    out = args.out or ROOT / "results" / "runs" / Path(args.recipe).stem
+    out = fsutil.check_out_dir(out, reuse=reusable_run_dir(Path(args.recipe).stem)).resolve()
+    p = build_plan(args.recipe, args.device, args.sets, out)
+    # the plan checks plus the paths (not imports or pins: the run itself will tell about those)
+    preflight.require_ok(p, paths=True, rollout_env=True)
+    total = p.recipe.trainer.total_training_steps
+    r = p.recipe
+    # Nothing of an earlier run is touched until this attempt is over: it writes into a stage.
+    stage = fsutil.stage_in(out, prefix=".attempt.")
+    staged = RunDir(stage)
+    log, metrics = staged.log, staged.metrics
+    _write_scrubbed(staged.launch_script, plan_mod.render(p, "script"))
+    _write_scrubbed(staged.overrides, plan_mod.render(p, "overrides"))
+    _write_scrubbed(staged.recipe, loader.to_yaml(p.recipe))
+    console.print(f"[bold]{r.name}[/bold] on {r.cluster.device} x{p.world_size}: log {log} (live)")
+    started, t0 = _now(), time.monotonic()
+    try:
+        with terminate_as_interrupt():
+            for attempt in range(1, RAY_START_ATTEMPTS + 1):
+                code = execute(p.command, launch_env(p, out, metrics), log, metrics, total)
+                if attempt == RAY_START_ATTEMPTS or code == 0 or not _ray_start_timed_out(log):
+                    break
+                console.print("Ray's node did not come up within its fixed 30 s (overloaded?); retrying")
+    except BaseException:  # interrupted: keep what the attempt logged, by the same rule
+        publish_attempt(stage, out, bool(read_metrics(metrics)))
+        raise
+    rows = read_metrics(metrics)
+    last = max((int(row["step"]) for row in rows), default=0)
+    saved = layout.saved_step(Path(p.value("trainer.default_local_dir")))
+    result, trained = outcome(code, rows, total, saved)
+    checks = gates.evaluate(rows, r.cluster.device, r.name)
+    if result == 0 and gates.failed(checks):
+        result = gates.EXIT_GATE_FAILED
+    status = "ok" if result == 0 else "failed"
+    record = {
+        "recipe": r.name,
+        "device": r.cluster.device,
+        "command": p.command,
+        "command_line": shlex.join(p.command),
+        "sets": args.sets,  # recipe changes made at launch (e.g. fsdp2 in place of fsdp_turbo), visible
+        "env": redact_env(dict(p.env) | {"VERL_FILE_LOGGER_PATH": str(RunDir(out).metrics)}),
+        "start": started,
+        "end": _now(),
+        "wall_s": round(time.monotonic() - t0, 2),
+        "exit_code": code,
+        "steps_done": len(rows),
+        "last_step": max(last, saved),
+        "checkpoint_step": saved,
+        "target_steps": total,
+        "status": status,
+        "gates": [check.as_dict() for check in checks],
+    }
+    _write_scrubbed(staged.record, json.dumps(record, indent=2) + "\n")
+    where = publish_attempt(stage, out, bool(rows))
+    if where != out:
+        console.print(
+            f"this attempt trained no step: the earlier run's files in {out} are kept; its own are in {where}"
+        )
+    for check, line in zip(checks, gates.summary_lines(checks), strict=True):
+        console.print(line, style={"pass": "green", "fail": "red"}.get(check.status, "dim"), markup=False)
+    if code != 0:
+        tail = RunDir(where).log.read_text(errors="replace").splitlines()[-25:]
+        console.print("\n".join(tail), markup=False, style="dim")
+        console.print(f"verl exited with {code}; full log: {RunDir(where).log}", style="red")
+    elif result == gates.EXIT_GATE_FAILED:
+        names = ", ".join(check.name for check in gates.failed(checks))
+        console.print(f"trained, but the gate(s) {names} failed; see {RunDir(where).record}", style="red")
+    elif result != 0:
+        console.print(
+            f"verl exited 0 but this launch logged {len(rows)} step(s), last step {last} of {total}, and the "
+            f"latest checkpoint is step {saved}: the remaining steps were not trained (cf. verl #7401)",
+            style="red",
+        )
+    elif not trained:
+        console.print(f"already trained: the checkpoint holds step {saved} of {total}; nothing left to do")
+    else:
+        console.print(
+            f"done: {len(rows)} step(s) in {record['wall_s']:.0f} s; {RunDir(out).record}", style="green"
+        )
+    return result

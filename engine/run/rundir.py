@@ -1,0 +1,92 @@
+"""The run directory `engine run` writes, named once.
+
+One attempt stages FILES and publishes them together (run.json last); verl writes its checkpoints into
+`checkpoints/` (layout in engine.checkpoint.layout); an attempt that trained no step leaves its files
+in `last-attempt/`. Records, the workflow, the smoke report, the benchmarks and the CI scripts read a
+run through this module.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.checkpoint import layout
+
+LAUNCH_SCRIPT = "launch.sh"  # the verl command, as `render --format script` prints it
+OVERRIDES = "overrides.txt"  # verl's Hydra overrides, one a line
+RECIPE = "recipe.yaml"  # the fully resolved recipe
+LOG = "train.log"  # verl's console, scrubbed of credentials
+METRICS = "metrics.jsonl"  # verl's file logger: one JSON object per step
+RECORD = "run.json"  # what the launch saw: command, exit code, steps, gates; written last
+CHECKPOINTS = "checkpoints"
+CLUSTER_SCRIPT = "ray_cluster.sh"  # the Ray bring-up of a multi-node run (engine.run.cluster)
+LAST_ATTEMPT = "last-attempt"
+
+# What `engine run` writes into its directory; an attempt stages them and publishes them together.
+FILES = (LAUNCH_SCRIPT, OVERRIDES, RECIPE, LOG, METRICS, RECORD)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Steps logged by verl's file logger (a partial last line is skipped)."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return [row for row in rows if isinstance(row, dict) and "step" in row]
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The paths of one run directory (none need exist)."""
+
+    path: Path
+
+    @property
+    def launch_script(self) -> Path:
+        return self.path / LAUNCH_SCRIPT
+
+    @property
+    def overrides(self) -> Path:
+        return self.path / OVERRIDES
+
+    @property
+    def recipe(self) -> Path:
+        return self.path / RECIPE
+
+    @property
+    def log(self) -> Path:
+        return self.path / LOG
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / METRICS
+
+    @property
+    def record(self) -> Path:
+        return self.path / RECORD
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    @property
+    def last_attempt(self) -> Path:
+        return self.path / LAST_ATTEMPT
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        return read_metrics(self.metrics)
+
+    def saved_step(self) -> int:
+        """The step of the run's latest finished checkpoint, 0 when there is none."""
+        return layout.saved_step(self.checkpoints)
+
+    def holds_run(self) -> bool:
+        """Anything a run (or a cluster bring-up) writes is there."""
+        return any((self.path / name).exists() for name in (*FILES, CHECKPOINTS, CLUSTER_SCRIPT))

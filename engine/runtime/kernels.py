@@ -1,0 +1,178 @@
+"""Fast kernels for Qwen3.5 training: flash-linear-attention with its Triton causal conv1d, and
+chunked token log-probs.
+
+verl loads this module in every worker when it is named in `VERL_USE_EXTERNAL_MODULES` (the GPU recipe
+does); with `ENGINE_FLA_CONV1D=1` it routes transformers' Qwen3.5 layers through fla before any model
+is built. The causal-conv1d CUDA extension is a source build against the installed torch; fla ships the
+same operation in Triton, varlen included, so no compiler is needed on the cluster. `token_logprobs`
+replaces verl's row-by-row log-prob fallback (installed by `engine.verl_ext`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+def fla_conv1d_fn(
+    x: Any, weight: Any, bias: Any = None, activation: Any = None, seq_idx: Any = None, **_: Any
+):
+    """`causal_conv1d_fn` (causal-conv1d's signature, x as [B, D, T]) on fla's Triton causal conv1d.
+
+    causal-conv1d is a CUDA source build; fla ships the same operation in Triton, varlen included:
+    packed sequences arrive as `seq_idx` (sequence number per token) and go to fla as cu_seqlens.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    if not x.is_cuda:  # the same operation in torch (what transformers does without a fast path)
+        y = F.conv1d(x, weight.unsqueeze(1), bias, padding=weight.shape[-1] - 1, groups=x.shape[1])
+        y = y[..., : x.shape[-1]]
+        return F.silu(y) if activation in ("silu", "swish") else y
+    from fla.modules.causal_conv1d import causal_conv1d
+
+    cu_seqlens = None
+    if seq_idx is not None:
+        counts = torch.bincount(seq_idx.reshape(-1).to(torch.long))
+        cu_seqlens = F.pad(counts.cumsum(0), (1, 0)).to(torch.int32)
+    y, _ = causal_conv1d(
+        x.transpose(1, 2), weight=weight, bias=bias, activation=activation, cu_seqlens=cu_seqlens
+    )
+    return y.transpose(1, 2)
+
+
+def select_kernels(kernels: str) -> str:
+    """Before any Qwen3.5 model is built: hide fla (`torch`), or route the gated-delta-net through fla.
+
+    With `fla`, each fast op dispatches on the tensor's device: CUDA tensors take fla's Triton kernels
+    (conv1d included), CPU tensors (the hf rollout server, tests) keep transformers' torch code, so one
+    environment serves both.
+    """
+    if kernels == "torch":
+        for name in ("fla", "causal_conv1d"):
+            sys.modules[name] = None  # type: ignore[assignment]  # find_spec() -> None: "not installed"
+        return "torch fallback"
+    import functools
+
+    from fla.modules import FusedRMSNormGated
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
+
+    def on_device(fast: Any, slow: Any) -> Any:
+        @functools.wraps(fast)
+        def call(query: Any, *args: Any, **kwargs: Any) -> Any:
+            if query.is_cuda:
+                return fast(query, *args, **kwargs)
+            kwargs = {k: v for k, v in kwargs.items() if not k.startswith("cu_seqlens")}
+            return slow(query, *args, **kwargs)
+
+        return call
+
+    class GatedNorm(FusedRMSNormGated):
+        def __init__(self, hidden_size: int, eps: float = 1e-6, activation: str = "swish", **_: Any) -> None:
+            super().__init__(hidden_size, eps=eps, activation=activation)
+
+        def forward(self, x: Any, g: Any, *args: Any, **kwargs: Any) -> Any:
+            if x.is_cuda:
+                return super().forward(x, g, *args, **kwargs)
+            return qwen.Qwen3_5RMSNormGated.forward(self, x, g)  # type: ignore[arg-type]
+
+        @property
+        def variance_epsilon(self) -> float:
+            return self.eps
+
+    qwen.causal_conv1d_fn = fla_conv1d_fn
+    qwen.chunk_gated_delta_rule = on_device(chunk_gated_delta_rule, qwen.torch_chunk_gated_delta_rule)
+    qwen.fused_recurrent_gated_delta_rule = on_device(
+        fused_recurrent_gated_delta_rule, qwen.torch_recurrent_gated_delta_rule
+    )
+    qwen.FusedRMSNormGated = GatedNorm
+    if hasattr(qwen, "is_fast_path_available"):
+        qwen.is_fast_path_available = True
+    from engine.env.pins import dist_version
+
+    return f"fla {dist_version('fla-core')} + Triton conv1d (triton {dist_version('triton')})"
+
+
+CHUNK_BYTES = 1 << 30  # fp32 working set per chunk of rows in forward and backward
+
+
+def _chunk_rows(vocab: int) -> int:
+    return max(1, CHUNK_BYTES // (4 * vocab))
+
+
+def _token_logprobs_function() -> type:
+    import torch
+
+    class TokenLogProbs(torch.autograd.Function):
+        """log softmax(logits)[label] in fp32, chunked over rows; backward recomputes softmax per chunk.
+
+        Saves only the logits (alive anyway) and one fp32 logsumexp per row, so memory stays that of
+        the row-by-row loop it replaces while the kernel count drops from O(tokens) to O(tokens/chunk).
+        """
+
+        @staticmethod
+        def forward(ctx: Any, logits: Any, labels: Any) -> Any:
+            vocab = logits.shape[-1]
+            flat, flat_labels = logits.reshape(-1, vocab), labels.reshape(-1, 1)
+            lse = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+            step = _chunk_rows(vocab)
+            for start in range(0, flat.shape[0], step):
+                stop = start + step
+                lse[start:stop] = torch.logsumexp(flat[start:stop].float(), dim=-1)
+            picked = flat.gather(1, flat_labels).squeeze(1).float()
+            ctx.save_for_backward(logits, labels, lse)
+            return (picked - lse).view(labels.shape)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            logits, labels, lse = ctx.saved_tensors
+            vocab = logits.shape[-1]
+            flat, flat_labels = logits.reshape(-1, vocab), labels.reshape(-1, 1)
+            flat_grad = grad.reshape(-1, 1).float()
+            out = torch.empty_like(flat)
+            step = _chunk_rows(vocab)
+            for start in range(0, flat.shape[0], step):
+                stop = start + step
+                g = flat_grad[start:stop]
+                probs = (flat[start:stop].float() - lse[start:stop, None]).exp_()
+                probs.mul_(-g).scatter_add_(1, flat_labels[start:stop], g)  # g * (onehot - softmax)
+                out[start:stop] = probs
+            return out.view(logits.shape), None
+
+    return TokenLogProbs
+
+
+_TOKEN_LOGPROBS: type | None = None
+
+
+def token_logprobs(logits: Any, labels: Any, inplace_backward: bool = True) -> Any:
+    """Drop-in for verl's `logprobs_from_logits`; `inplace_backward` is accepted and ignored."""
+    global _TOKEN_LOGPROBS
+    if _TOKEN_LOGPROBS is None:
+        _TOKEN_LOGPROBS = _token_logprobs_function()
+    return _TOKEN_LOGPROBS.apply(logits, labels)
+
+
+def install_token_logprobs() -> str | None:
+    """Replace verl's row-by-row log-prob fallback with `token_logprobs`, where verl would use it.
+
+    Without flash-attn's Triton cross-entropy (absent from the GPU image: it is a CUDA source build)
+    and off Ascend, verl 0.9.1 computes log-probs one token row at a time: ~20 kernels per token in
+    forward and backward, tens of thousands per micro-batch, which made its engine step several
+    times slower than the model's own forward and backward on H200. Returns what was replaced.
+    """
+    from verl.utils import torch_functional as verl_F
+
+    if verl_F.FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE or verl_F.NPU_CROSS_ENTROPY_LOSS_AVAILABLE:
+        return None
+    original = verl_F.logprobs_from_logits
+    for name, module in list(sys.modules.items()):  # verl modules that imported the name before us
+        if name.startswith("verl.") and vars(module).get("logprobs_from_logits") is original:
+            module.logprobs_from_logits = token_logprobs  # type: ignore[attr-defined]
+    return "verl.utils.torch_functional.logprobs_from_logits -> engine.runtime.kernels.token_logprobs"
+
+
+if os.environ.get("ENGINE_FLA_CONV1D") == "1":  # imported by verl workers through VERL_USE_EXTERNAL_MODULES
+    select_kernels("fla")

@@ -1,0 +1,193 @@
+"""Preflight refuses what verl, FSDPTurbo or the hardware would reject later, and passes sound plans."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import preflight
+from engine.preflight import env_checks, memory
+from engine.recipes import loader, models, plan
+
+
+def problems(name: str, device: str, *sets: str, check_env: bool = False) -> list[str]:
+    return preflight.check(plan.compile_recipe(loader.load(name, device, list(sets))), check_env=check_env)
+
+
+@pytest.mark.parametrize(
+    "name,device,sets",
+    [
+        ("qwen35_27b", "gpu", []),
+        ("qwen35_27b", "npu", ["parallel.cp=2"]),
+        ("qwen35_35b", "gpu", ["parallel.cp=2"]),
+        ("qwen35_35b", "npu", []),
+        ("qwen35_35b", "gpu", ["cluster.nodes=2"]),
+        ("smoke_qwen35_0p8b", "gpu", []),
+        ("smoke_qwen35_2b", "npu", []),
+        ("tiny_cpu", "cpu", []),
+        ("tiny_moe_cpu", "cpu", []),
+        ("tiny_cpu_learn", "cpu", []),
+    ],
+)
+def test_shipped_recipes_pass(name: str, device: str, sets: list[str]) -> None:
+    assert problems(name, device, *sets) == []
+
+
+@pytest.mark.parametrize(
+    "name,device,sets,fragment",
+    [
+        ("qwen35_27b", "gpu", ["parallel.fsdp=3"], "parallel.fsdp=3 does not divide the world size 8"),
+        (
+            "qwen35_35b",
+            "gpu",
+            ["cluster.devices_per_node=6"],
+            "parallel.ep=8 does not divide the world size 6",
+        ),
+        ("qwen35_27b", "gpu", ["parallel.cp=3"], "parallel.cp=3 does not divide the world size"),
+        ("qwen35_27b", "gpu", ["parallel.ep=8"], "is dense (no experts)"),
+        (
+            "qwen35_35b",
+            "gpu",
+            ["parallel.ep=6", "cluster.devices_per_node=6", "parallel.fsdp=6"],
+            "256 experts",
+        ),
+        ("qwen35_35b", "gpu", ["parallel.cp=8", "parallel.verl_sp=1"], "#none"),
+        ("qwen35_27b", "npu", ["parallel.cp=16"], "does not divide the 24 attention heads"),
+        ("qwen35_27b", "gpu", ["parallel.verl_sp=2"], "do not enable both FSDP-Turbo CP and verl Ulysses SP"),
+        ("qwen35_27b", "gpu", ["parallel.rollout_tp=3"], "does not divide cluster.devices_per_node=8"),
+        ("qwen35_27b", "npu", ["parallel.rollout_tp=16"], "does not divide the 24 heads"),
+        ("qwen35_27b", "gpu", ["data.train_batch_size=3"], "responses must be divisible by the 8 devices"),
+        ("qwen35_27b", "gpu", ["actor.ppo_mini_batch_size=32"], "exceeds data.train_batch_size=16"),
+        (
+            "qwen35_27b",
+            "gpu",
+            ["actor.ppo_mini_batch_size=3"],
+            "not a multiple of actor.ppo_mini_batch_size=3",
+        ),
+        (
+            "qwen35_27b",
+            "gpu",
+            ["actor.ppo_micro_batch_size_per_device=3"],
+            "not a multiple of actor.ppo_micro",
+        ),
+        ("qwen35_27b", "gpu", ["data.max_response_length=300000"], "exceeds the 262144-token context"),
+        ("qwen35_27b", "gpu", ["actor.offload_policy=false"], "exceeds cluster.device_memory_gib=80"),
+        (
+            "qwen35_35b",
+            "npu",
+            ["actor.offload_policy=false", "parallel.ep=1"],
+            "exceeds cluster.device_memory_gib",
+        ),
+        ("tiny_cpu", "cpu", ["actor.strategy=fsdp_turbo"], "registered for cuda/npu only"),
+        ("tiny_cpu", "cpu", ["rollout.name=vllm"], "no sleep mode"),
+        ("tiny_cpu", "cpu", ["rollout.name=vllm"], "VLLM_CPU_KVCACHE_SPACE is unset"),
+    ],
+)
+def test_unsound_plans_are_refused(name: str, device: str, sets: list[str], fragment: str) -> None:
+    found = problems(name, device, *sets)
+    if fragment == "#none":  # a boundary case that must pass: KV heads are repeated when cp % kv == 0
+        assert found == []
+        return
+    assert any(fragment in p for p in found), found
+
+
+def test_memory_estimate_is_offload_and_sharding_aware() -> None:
+    def estimate(*sets: str) -> dict[str, float]:
+        return memory.memory_estimate(plan.compile_recipe(loader.load("qwen35_35b", "gpu", list(sets))))
+
+    offloaded, resident = estimate(), estimate("actor.offload_policy=false")
+    assert resident["train_gib"] > 10 * offloaded["train_gib"]
+    # EP shards the 32B of routed experts: without it every device holds 8x more of them
+    assert estimate("actor.offload_policy=false", "parallel.ep=1")["train_gib"] > 2 * resident["train_gib"]
+    # CP halves the per-device sequence
+    assert estimate("parallel.cp=2")["train_gib"] < offloaded["train_gib"]
+
+
+def test_expert_parameters_match_the_registry_total() -> None:
+    moe = models.lookup("Qwen3.5-35B-A3B")
+    assert 0.85 < moe.expert_params / moe.total_params < 0.95
+
+
+def test_cli_preflight_exit_codes() -> None:
+    ok = subprocess.run(
+        [sys.executable, "-m", "engine", "preflight", "qwen35_35b", "--device", "npu"],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0 and "ok" in ok.stdout
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "engine",
+            "preflight",
+            "qwen35_35b",
+            "--device",
+            "gpu",
+            "--set",
+            "parallel.ep=3",
+            "--set",
+            "parallel.verl_sp=2",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) >= 2 and all(line.startswith("preflight: ") for line in lines)
+
+
+# ---------------------------------------------------------------- --check-env
+def test_check_env_reports_missing_paths_and_fsdp_turbo() -> None:
+    found = problems("qwen35_35b", "gpu", "model.path=/nonexistent/model", check_env=True)
+    assert any("model.path /nonexistent/model: no config.json" in p for p in found)
+    assert any("data.train_files" in p and "file not found" in p for p in found)
+    assert any("fsdp_turbo package is not importable" in p for p in found)
+
+
+def test_check_env_compares_a_real_config_json(tmp_path: Path) -> None:
+    spec = models.lookup("Qwen3.5-35B-A3B")
+    text = dict(spec.config_facts())
+    config = {"model_type": "qwen3_5_moe", "text_config": text}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert models.compare_config(spec, tmp_path) == []
+    config["text_config"] = {**text, "num_experts": 128, "num_attention_heads": 32}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    found = models.compare_config(spec, tmp_path)
+    assert any("num_experts=128" in p for p in found) and any("num_attention_heads=32" in p for p in found)
+
+
+def test_cp_patch_targets_resolve_in_installed_transformers() -> None:
+    pytest.importorskip("transformers")
+    for family in (models.QWEN3_5, models.QWEN3_5_MOE):
+        for target in family.patch_targets():
+            if not target.startswith("fsdp_turbo"):
+                assert env_checks.resolve(target), target
+    assert not env_checks.resolve("transformers.models.qwen3_5.modeling_qwen3_5.NoSuchClass.forward")
+
+
+def test_transformers_range_check_reads_verls_declared_range() -> None:
+    pytest.importorskip("verl")
+    assert env_checks.transformers_range() == []  # the pinned dev env is inside verl's range
+
+
+def test_check_env_passes_on_the_built_tiny_assets(tmp_path: Path) -> None:
+    """The registry facts of the tiny models are the ones the assets are built from, and match config.json."""
+    pytest.importorskip("transformers")
+    from engine.data import assets
+
+    written = assets.build_all(tmp_path, seed=0, train_size=4, test_size=2)
+    for name, model in (("tiny_cpu", written["dense"]), ("tiny_moe_cpu", written["moe"])):
+        sets = [
+            f"model.path={model}",
+            f"data.train_files={written['train']}",
+            f"data.val_files={written['test']}",
+        ]
+        assert problems(name, "cpu", *sets, check_env=True) == []
+    assert models.compare_config(
+        models.lookup("tiny-qwen35-moe"), written["dense"]
+    )  # the wrong model is caught

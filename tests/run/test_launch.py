@@ -1,0 +1,95 @@
+"""`engine run`/`bench` plumbing that needs no training: planning, refusal, progress, success rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import overhead
+from engine.cli import main
+from engine.run import launcher, rundir
+from tests.conftest import ROOT
+
+
+def test_launch_module_stays_light() -> None:
+    code = (
+        "import sys, engine.run.launcher; "
+        "print(sorted(m for m in ('torch', 'verl', 'ray') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_plan_carries_run_directory_and_file_logger(tmp_path: Path) -> None:
+    p = launcher.build_plan("tiny_cpu", "cpu", ["trainer.total_training_steps=1"], tmp_path)
+    overrides = p.overrides
+    assert f"trainer.default_local_dir={tmp_path / 'checkpoints'}" in overrides
+    assert "trainer.logger=[console,file]" in overrides
+    assert "trainer.total_training_steps=1" in overrides
+    env = launcher.launch_env(p, tmp_path)
+    assert env["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "metrics.jsonl")
+    assert "engine.verl_ext" in env["VERL_USE_EXTERNAL_MODULES"].split(",")
+    assert p.command[1:3] == ["-m", "verl.trainer.main_ppo"]
+
+
+def test_run_refuses_when_preflight_finds_problems(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    missing = tmp_path / "nowhere.parquet"
+    run = str(tmp_path / "run")
+    bad = f"data.train_files={missing}"
+    code = main(["run", "tiny_cpu", "--device", "cpu", "--out", run, "--set", bad])
+    assert code == 2
+    assert f"data.train_files {missing}: file not found" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing was launched, nothing created
+
+
+def test_outcome_never_reports_success_without_training() -> None:
+    rows = [{"step": 1, "data": {}}, {"step": 2, "data": {}}]
+    assert launcher.outcome(0, rows, 2) == (0, True)
+    assert launcher.outcome(0, [], 2) == (1, False)  # verl exited 0 after resuming a finished run
+    assert launcher.outcome(0, rows[:1], 2) == (1, False)
+    assert launcher.outcome(3, rows, 2) == (3, True)  # verl's own failure code is passed through
+    assert launcher.outcome(0, rows[1:], 2) == (0, True)  # a resume that finished the remaining step
+    # an earlier attempt trained to the target and was stopped before reporting: the checkpoint says so
+    assert launcher.outcome(0, [], 2, saved=2) == (0, False)
+    assert launcher.outcome(0, [], 2, saved=1) == (1, False)  # resumed at step 1, exited 0, trained nothing
+
+
+def test_read_metrics_skips_a_partial_line(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps({"step": 1, "data": {"actor/grad_norm": 1.5}}) + '\n{"step": 2, "da')
+    rows = rundir.read_metrics(path)
+    assert [row["step"] for row in rows] == [1]
+    line = launcher.progress_line(rows[0], 2)
+    assert line.startswith("step 1/2") and "grad_norm 1.5000" in line and "reward -" in line
+
+
+def test_execute_tees_output_and_passes_exit_code(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    script = (
+        "import json, os, sys\n"
+        "print('hello from the trainer')\n"
+        "open(os.environ['M'], 'w').write(json.dumps({'step': 1, 'data': {}}) + '\\n')\n"
+        "sys.exit(7)\n"
+    )
+    env = dict(os.environ) | {"M": str(metrics)}
+    code = launcher.execute([sys.executable, "-c", script], env, tmp_path / "train.log", metrics, 1)
+    assert code == 7
+    assert "hello from the trainer" in (tmp_path / "train.log").read_text()
+
+
+def test_measure_counts_the_whole_process_tree(tmp_path: Path) -> None:
+    child = "import time; b = bytearray(200 * 2**20); time.sleep(1.5)"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    result = overhead.measure(
+        [sys.executable, "-c", parent], dict(os.environ), tmp_path / "log", interval=0.1
+    )
+    assert result["exit_code"] == 0
+    assert result["max_processes"] >= 2
+    assert result["peak_rss_gib"] >= 0.19 and result["peak_pss_gib"] > 0.1
+    assert result["wall_s"] >= 1.5
