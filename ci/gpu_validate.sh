@@ -8,7 +8,9 @@
 #   4. the same run with the weight sync broken (ENGINE_TEST_BREAK=no_weight_sync): the agreement gate
 #      must fail, which shows it can;
 #   5. the trainer throughput rows of `python -m benchmarks.gpu_bench`, REPEATS times (medians, not single runs).
-# Usage: WHEELHOUSE=DIR ci/gpu_validate.sh RECORD_DIR [--set KEY=VALUE ...] (the sets go to both GRPO runs).
+# Usage: WHEELHOUSE=DIR [GPUS=N] ci/gpu_validate.sh RECORD_DIR [--set KEY=VALUE ...] (the sets go to both
+# GRPO runs). GPUS=2 or more runs the upstream smoke's parallel layout: the actor sharded over N GPUs
+# (parallel.fsdp=N) and vLLM at tensor-parallel 2, and the trainer rows over N GPUs.
 # Each stage's output lands in RECORD_DIR as it finishes, so a run cut short still leaves what it
 # measured; stages.txt lists each stage with its exit status. It runs for ~20 min on one H200 with warm
 # disks: start it detached (setsid) where a session's commands are time-limited.
@@ -18,6 +20,10 @@ shift
 py=${PYTHON:-python3}
 site=${SITE:-/tmp/site}
 model=results/gpu/qwen35-0p8b-random
+gpus=${GPUS:-1}
+if [ "$gpus" -gt 1 ]; then
+    set -- --set parallel.fsdp="$gpus" --set parallel.rollout_tp=2 --set cluster.devices_per_node="$gpus" "$@"
+fi
 mkdir -p "$record"
 record=$(cd "$record" && pwd)
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
@@ -75,7 +81,7 @@ fi
 
 # 5. trainer throughput rows, repeated
 for rep in $(seq 1 "${REPEATS:-3}"); do
-    $py -m benchmarks.gpu_bench run --model $model --kernels fla --steps 3 \
+    $py -m benchmarks.gpu_bench run --model $model --kernels fla --steps 3 --gpus "$gpus" \
         --out "$record/bench/rep$rep.jsonl" >"$record/bench-rep$rep.log" 2>&1
     done_stage "bench rep $rep" $?
 done

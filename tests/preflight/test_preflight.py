@@ -27,6 +27,13 @@ def problems(name: str, device: str, *sets: str, check_env: bool = False) -> lis
         ("qwen35_35b", "npu", []),
         ("qwen35_35b", "gpu", ["cluster.nodes=2"]),
         ("smoke_qwen35_0p8b", "gpu", []),
+        ("smoke_qwen35_0p8b_h200", "gpu", ["actor.strategy=fsdp2"]),
+        # ci/gpu_validate.sh with GPUS=2: the upstream smoke's layout on two GPUs
+        (
+            "smoke_qwen35_0p8b_h200",
+            "gpu",
+            ["actor.strategy=fsdp2", "parallel.fsdp=2", "parallel.rollout_tp=2", "cluster.devices_per_node=2"],
+        ),
         ("smoke_qwen35_2b", "npu", []),
         ("tiny_cpu", "cpu", []),
         ("tiny_moe_cpu", "cpu", []),
