@@ -221,14 +221,21 @@ def drift(
     return problems
 
 
-def _default_stack() -> str:
-    return os.environ.get(STACK_ENV, DEFAULT_STACK)
+DEVICE_STACKS = {"gpu": "gpu", "npu": "ascend-a3", "cpu": "cpu"}
+
+
+def stack_for(device: str | None = None) -> str:
+    """The stack whose pins apply: the image's ($ENGINE_STACK), else the device's, else the CI venv's.
+
+    Preflight, verify-env and the provenance record all ask here, so they judge one run by one stack.
+    """
+    return os.environ.get(STACK_ENV) or DEVICE_STACKS.get(device or "", DEFAULT_STACK)
 
 
 def report(stack: str | None = None) -> dict[str, Any]:
     """Everything verify-env knows, as the provenance record stores it."""
     pins = load_pins()
-    stack = stack or _default_stack()
+    stack = stack or stack_for()
     installed = installed_versions(expected_versions(stack, pins))
     problems = drift(stack, installed, pins)
     return {

@@ -130,10 +130,7 @@ def _pins(plan: Plan) -> list[str]:
         from engine.env import pins
     except ImportError:
         return []
-    stack = (
-        os.environ.get("ENGINE_STACK")
-        or {"gpu": "gpu", "npu": "ascend-a3", "cpu": "cpu"}[plan.recipe.cluster.device]
-    )
+    stack = pins.stack_for(plan.recipe.cluster.device)
     launch_env = {**os.environ, **plan.env}  # what verl's processes will see: the plan exports its own
     return [f"pins: {line}" for line in pins.drift(stack, env=launch_env)]
 

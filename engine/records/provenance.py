@@ -71,14 +71,15 @@ def container_info() -> dict[str, Any]:
     return info
 
 
-def versions() -> dict[str, Any]:
-    """Pins versus installed versions (engine.env.pins when present, else package metadata)."""
+def versions(device: str | None = None) -> dict[str, Any]:
+    """Pins versus installed versions (engine.env.pins when present, else package metadata), judged
+    against the stack preflight used for this device."""
     try:
         from engine.env import pins
 
         installed = pins.installed_versions()
         try:
-            drift = pins.drift(os.environ.get("ENGINE_STACK") or "cpu")
+            drift = pins.drift(pins.stack_for(device))
         except Exception as err:  # a stack the pins file lacks must not lose the record
             drift = [f"unavailable: {err.__class__.__name__}"]
         return {"installed": installed, "drift": drift, "pins_source": "engine.env.pins"}
@@ -225,7 +226,7 @@ def build_record(
         "exit_code": run.get("exit_code"),
         "status": run.get("status"),
         "container": container_info(),
-        "versions": versions(),
+        "versions": versions(run.get("device")),
         "hardware": hardware(),
         "environment": redact_env(os.environ) | redact_env(run.get("env", {})),
         "snakemake": snakemake,

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 
 from engine.env import pins
@@ -129,3 +130,14 @@ def test_every_image_pin_cites_what_validated_it() -> None:
         )
         assert not missing, f"{name}: no validated_by entry for {missing}"
         assert all(isinstance(v, str) and len(v) > 10 for v in cited.values())
+
+
+def test_one_stack_per_run_for_preflight_and_the_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.records import provenance
+
+    monkeypatch.delenv("ENGINE_STACK", raising=False)
+    assert [pins.stack_for(d) for d in ("gpu", "npu", "cpu", None)] == ["gpu", "ascend-a3", "cpu", "cpu"]
+    # a GPU run outside the image is judged by the GPU pins in its record too, not the CI venv's
+    assert provenance.versions("gpu")["drift"] == pins.drift("gpu") != pins.drift("cpu")
+    monkeypatch.setenv("ENGINE_STACK", "ascend-a2")  # inside an image, the image's stack wins
+    assert pins.stack_for("gpu") == "ascend-a2"

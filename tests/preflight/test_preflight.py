@@ -32,7 +32,12 @@ def problems(name: str, device: str, *sets: str, check_env: bool = False) -> lis
         (
             "smoke_qwen35_0p8b_h200",
             "gpu",
-            ["actor.strategy=fsdp2", "parallel.fsdp=2", "parallel.rollout_tp=2", "cluster.devices_per_node=2"],
+            [
+                "actor.strategy=fsdp2",
+                "parallel.fsdp=2",
+                "parallel.rollout_tp=2",
+                "cluster.devices_per_node=2",
+            ],
         ),
         ("smoke_qwen35_2b", "npu", []),
         ("tiny_cpu", "cpu", []),
