@@ -28,33 +28,32 @@ from rich.table import Table
 
 from engine import errors, fsutil
 from engine.errors import ArgumentParser, UserError
+from engine.recipes import models
 
 console = Console(stderr=True, highlight=False)
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
 MODES = ("plain", "verl-padded", "verl-packed")
 KERNELS = ("torch", "fla")
-# Qwen3.5-0.8B text shape (the smoke recipe's model); vision tower kept small-but-real like the release.
-TEXT_0P8B: dict[str, Any] = {
-    "vocab_size": 248320,
-    "hidden_size": 1024,
-    "intermediate_size": 3584,
-    "num_hidden_layers": 24,
-    "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 6,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "head_dim": 256,
-    "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128,
-    "linear_num_key_heads": 16,
-    "linear_num_value_heads": 16,
-    "linear_conv_kernel_dim": 4,
-    "max_position_embeddings": 32768,
-    "tie_word_embeddings": True,
-}
+
+
+def _text_0p8b() -> dict[str, Any]:
+    """Qwen3.5-0.8B's text config (the smoke recipe's model), from the model registry preflight reads."""
+    spec = models.lookup("Qwen3.5-0.8B")
+    return spec.config_facts() | {
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * (spec.num_layers // 4),
+        "linear_key_head_dim": spec.linear_head_dim,
+        "linear_value_head_dim": spec.linear_head_dim,
+        "linear_conv_kernel_dim": 4,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+    }
+
+
+TEXT_0P8B = _text_0p8b()
+# vision tower kept small-but-real like the release's (not a registry fact: the GPU runs are text only)
 VISION_0P8B: dict[str, Any] = {"depth": 12, "hidden_size": 768, "intermediate_size": 3072, "num_heads": 12}
 
 
-# ------------------------------------------------------------------------------------------- model
 def make_model(out: Path, seed: int = 0, device: str = "cpu", small: bool = False) -> Path:
     """Random-init Qwen3.5 (VL layout) in the 0.8B shape, bf16 safetensors, plus the tiny tokenizer padded
     to the model's vocabulary."""
@@ -114,7 +113,6 @@ def text_params(config: Any) -> int:
     return per + embed
 
 
-# ------------------------------------------------------------------------------------------- driver
 def run_matrix(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every (mode, kernels) pair in a fresh process group; failures become rows with the last error line."""
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -138,9 +136,9 @@ def run_matrix(args: argparse.Namespace) -> list[dict[str, Any]]:
             label = f"{mode}/{kernels} x{args.gpus} b{args.batch} mbs{args.mbs} s{args.seq}"
             console.print(f"[bold]bench[/bold] {label}")
             started = time.monotonic()
-            log = args.out.with_suffix(f".{_slug(mode, kernels, args)}.log")
+            log = args.out.with_suffix(f".{run_slug(mode, kernels, args)}.log")
             with log.open("w") as handle:
-                code = _run_group(cmd, handle, args.timeout)
+                code = run_group(cmd, handle, args.timeout)
             lines = args.out.read_text().splitlines() if args.out.exists() else []
             if code == 0 and len(lines) > before:
                 row = json.loads(lines[-1])
@@ -162,7 +160,7 @@ def run_matrix(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def _run_group(cmd: list[str], log: Any, timeout: float) -> int | str:
+def run_group(cmd: list[str], log: Any, timeout: float) -> int | str:
     """Run in its own process group and kill the whole group on timeout.
 
     torch.distributed.run's workers outlive a killed launcher: left running they hold the GPU and
@@ -177,7 +175,7 @@ def _run_group(cmd: list[str], log: Any, timeout: float) -> int | str:
         return f"timeout after {timeout:.0f} s"
 
 
-def _slug(mode: str, kernels: str, args: argparse.Namespace) -> str:
+def run_slug(mode: str, kernels: str, args: argparse.Namespace) -> str:
     """One configuration's file stem: its log here, its profile table in the worker."""
     shape = f"g{args.gpus}.b{args.batch}.m{args.mbs}.s{args.seq}.f{args.fill:g}"
     return f"{mode}.{kernels}.{args.logprobs}.{shape}"
@@ -225,7 +223,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return head + "\n".join(body) + "\n"
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m benchmarks.gpu_bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="action", required=True)
     mk = sub.add_parser("make-model", help="write the random-init Qwen3.5-0.8B-shaped model + tokenizer")
@@ -262,7 +260,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _validate(args: argparse.Namespace) -> None:
+def validate_args(args: argparse.Namespace) -> None:
     bad = [m for m in args.modes if m not in MODES] + [k for k in args.kernels if k not in KERNELS]
     if bad:
         raise UserError(f"unknown --modes/--kernels {bad}; choose from {list(MODES)} and {list(KERNELS)}")
@@ -291,7 +289,7 @@ def _bench_rows(path: Path) -> str | None:
 
 
 def cli_main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.action == "make-model":
         args.out = fsutil.check_out_dir(args.out)  # a model directory is written whole, never merged into
         import torch
@@ -300,7 +298,7 @@ def cli_main(argv: list[str]) -> int:
         path = make_model(args.out, args.seed, device, small=args.small)
         print(f"model {path}")
         return 0
-    _validate(args)
+    validate_args(args)
     args.out = fsutil.check_out_file(args.out, reuse=_bench_rows)
     if args.profile is not None:
         args.profile = fsutil.check_out_dir(args.profile, "--profile", reuse=lambda _: None)

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.gpu_bench import PEAK_TFLOPS, _parser, _slug, text_params
+from benchmarks.gpu_bench import PEAK_TFLOPS, build_parser, run_slug, text_params
 from engine.env.pins import dist_version
 from engine.runtime.kernels import select_kernels
 
@@ -174,12 +174,12 @@ def _write_profile(profiler: Any, args: argparse.Namespace, mode: str, cuda: boo
     if cuda:
         text += "\n" + averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)
     args.profile.mkdir(parents=True, exist_ok=True)
-    (args.profile / f"{_slug(mode, args.kernels[0], args)}.txt").write_text(text)
+    (args.profile / f"{run_slug(mode, args.kernels[0], args)}.txt").write_text(text)
 
 
 def worker_main(argv: list[str]) -> int:
     """One configuration on every rank of a torch.distributed.run group; rank 0 appends a JSON row."""
-    args = _parser().parse_args(["run", *argv])
+    args = build_parser().parse_args(["run", *argv])
     kernels = select_kernels(args.kernels[0])
     import torch
     import torch.distributed as dist

@@ -99,8 +99,9 @@ class ModelSpec:
     expert_intermediate_size: int = 0
     vision_depth: int = 0
     tie_word_embeddings: bool = False
-    # the project's tiny models only (engine.data.assets builds them from these): gated-delta-net head dim
-    # and the dtype of the saved weights
+    intermediate_size: int = 0  # dense FFN width, where a model is built from the registry (0: not recorded)
+    # models the project builds from these (engine.data.assets, the GPU benchmark): gated-delta-net head
+    # dim and the dtype of the saved weights
     linear_head_dim: int = 0
     asset_dtype: str = "float32"
     source: dict[str, str] = field(default_factory=dict, compare=False)
@@ -128,6 +129,8 @@ class ModelSpec:
         }
         if self.moe:
             facts |= {"num_experts": self.num_experts, "num_experts_per_tok": self.experts_per_token}
+        if self.intermediate_size:
+            facts["intermediate_size"] = self.intermediate_size
         return facts
 
 
@@ -196,6 +199,8 @@ QWEN35_0P8B = register(
         active_params=0.853e9,
         vision_depth=12,
         tie_word_embeddings=True,
+        intermediate_size=3584,
+        linear_head_dim=128,
         source={"architecture": "Qwen/Qwen3.5-0.8B model card; " + _SLIME.format("qwen3.5-0.8B"), **_SHARED},
     )
 )

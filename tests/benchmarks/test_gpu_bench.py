@@ -46,15 +46,15 @@ def _args(tmp_path: Path, **kw: object) -> argparse.Namespace:
 
 def test_validate_refuses_bad_matrix(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
-    gpu_bench._validate(_args(tmp_path))
+    gpu_bench.validate_args(_args(tmp_path))
     with pytest.raises(UserError, match="unknown"):
-        gpu_bench._validate(_args(tmp_path, modes=["fast"]))
+        gpu_bench.validate_args(_args(tmp_path, modes=["fast"]))
     with pytest.raises(UserError, match="multiple"):
-        gpu_bench._validate(_args(tmp_path, batch=6))
+        gpu_bench.validate_args(_args(tmp_path, batch=6))
     with pytest.raises(UserError, match="--fill"):
-        gpu_bench._validate(_args(tmp_path, fill=0.0))
+        gpu_bench.validate_args(_args(tmp_path, fill=0.0))
     with pytest.raises(UserError, match="make-model"):
-        gpu_bench._validate(_args(tmp_path / "nope"))
+        gpu_bench.validate_args(_args(tmp_path / "nope"))
 
 
 def test_markdown_table_rows_and_failures() -> None:
@@ -101,7 +101,7 @@ def test_timeout_kills_the_workers_a_launcher_started(tmp_path: Path) -> None:
 
     log = tmp_path / "run.log"
     with log.open("w") as handle:  # the launcher starts a worker and waits, as torch.distributed.run does
-        code = gpu_bench._run_group(["bash", "-c", "sleep 60 & echo $!; wait"], handle, timeout=2.0)
+        code = gpu_bench.run_group(["bash", "-c", "sleep 60 & echo $!; wait"], handle, timeout=2.0)
     worker = int(log.read_text().split()[0])
     time.sleep(0.2)
     assert code == "timeout after 2 s"
