@@ -5,10 +5,13 @@ kernel failure costs one row, not the table. Rows: plain FSDP2 (our own fully_sh
 ceiling) and verl's FSDP2 engine (`EngineRegistry`, GRPO's `ppo_loss`) padded and packed
 (remove-padding), each with the gated-delta-net on transformers' torch fallback (`torch`) or on
 flash-linear-attention with its Triton causal conv1d (`fla`). Throughput counts every token of the
-batch; MFU uses 6 x text parameters x tokens/s against the device's dense bf16 peak.
+batch; MFU uses 6 x N x tokens/s against the device's dense bf16 peak.
 
-`make-model` writes the random-init Qwen3.5-0.8B-shaped model (and the tiny tokenizer) the GPU recipe
-and this benchmark use; nothing is downloaded.
+`make-model` writes the random-init models (and the tiny tokenizer) the GPU recipes and this benchmark
+use, in a registry shape: the Qwen3.5-0.8B (dense) or the 35B-A3B architecture at 6 layers (MoE);
+nothing is downloaded. MFU counts the parameters a token multiplies by (`flops_params`: for the MoE,
+attention + router + shared expert + 8 routed experts + head) and ignores attention-score and
+gated-delta-rule FLOPs.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from rich.table import Table
 from engine import errors, fsutil
 from engine.errors import ArgumentParser, UserError
 from engine.recipes import models
+from engine.recipes.params import count_text_params
 
 console = Console(stderr=True, highlight=False)
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
@@ -36,87 +40,108 @@ MODES = ("plain", "verl-padded", "verl-packed")
 KERNELS = ("torch", "fla")
 
 
-def _text_0p8b() -> dict[str, Any]:
-    """Qwen3.5-0.8B's text config (the smoke recipe's model), from the model registry preflight reads."""
-    spec = models.lookup("Qwen3.5-0.8B")
-    return spec.config_facts() | {
-        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * (spec.num_layers // 4),
-        "linear_key_head_dim": spec.linear_head_dim,
-        "linear_value_head_dim": spec.linear_head_dim,
-        "linear_conv_kernel_dim": 4,
-        "max_position_embeddings": spec.max_position_embeddings,
-        "tie_word_embeddings": spec.tie_word_embeddings,
-    }
-
-
-TEXT_0P8B = _text_0p8b()
+GPU_MODELS = ("Qwen3.5-0.8B", "Qwen3.5-35B-A3B-6L")  # registry entries `make-model` builds
 # vision tower kept small-but-real like the release's (not a registry fact: the GPU runs are text only)
-VISION_0P8B: dict[str, Any] = {"depth": 12, "hidden_size": 768, "intermediate_size": 3072, "num_heads": 12}
+VISION: dict[str, Any] = {"depth": 12, "hidden_size": 768, "intermediate_size": 3072, "num_heads": 12}
+# CPU tests: the same layer pattern, vocabulary handling and expert layout at tiny widths
+SMALL_TEXT: dict[str, Any] = {
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "head_dim": 16,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 2,
+}
+SMALL_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+SMALL_MOE |= {"shared_expert_intermediate_size": 32}
+SMALL_VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2}
 
 
-def make_model(out: Path, seed: int = 0, device: str = "cpu", small: bool = False) -> Path:
-    """Random-init Qwen3.5 (VL layout) in the 0.8B shape, bf16 safetensors, plus the tiny tokenizer padded
-    to the model's vocabulary."""
+def make_model(
+    out: Path,
+    seed: int = 0,
+    device: str = "cpu",
+    small: bool = False,
+    model: str = GPU_MODELS[0],
+    layers: int | None = None,
+    dtype: str = "bfloat16",
+) -> Path:
+    """Random-init Qwen3.5 or Qwen3.5-MoE (VL layout) in a registry shape, safetensors (bf16 unless asked),
+    plus the tiny tokenizer padded to the model's vocabulary. `layers` keeps only the first layers of the
+    shape (every width kept: a full-width check that fits a small host)."""
     import torch
-    from transformers.models import qwen3_5
+    from transformers.models import qwen3_5, qwen3_5_moe
 
     from engine.data import assets
 
-    text = dict(TEXT_0P8B)
-    vision = dict(VISION_0P8B, out_hidden_size=text["hidden_size"])
-    if small:  # CPU tests: same layer pattern and vocabulary handling, tiny widths
-        text |= {"vocab_size": 1024, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4}
-        text |= {"layer_types": ["linear_attention"] * 3 + ["full_attention"], "head_dim": 16}
-        text |= {"linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2}
-        text |= {"linear_num_value_heads": 2}
-        vision = {
-            "depth": 1,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": 64,
-        }
+    spec = models.lookup(model)
+    text = spec.text_config()
+    vision = dict(VISION)
+    if small:
+        text |= SMALL_TEXT | (SMALL_MOE if spec.moe else {})
+        vision = dict(SMALL_VISION)
+    if layers is not None:
+        text |= {"num_hidden_layers": layers, "layer_types": text["layer_types"][:layers]}
+    vision["out_hidden_size"] = text["hidden_size"]
     tokenizer = assets.build_tokenizer(seed, size=text["vocab_size"])  # covers the whole vocabulary
-    config = qwen3_5.Qwen3_5Config(
+    family = qwen3_5_moe if spec.moe else qwen3_5
+    config_cls = family.Qwen3_5MoeConfig if spec.moe else family.Qwen3_5Config
+    model_cls = (
+        family.Qwen3_5MoeForConditionalGeneration if spec.moe else family.Qwen3_5ForConditionalGeneration
+    )
+    config = config_cls(
         text_config=text | assets.text_token_ids(tokenizer),
         vision_config=vision,
         tie_word_embeddings=text["tie_word_embeddings"],
         **assets.vision_token_ids(tokenizer),
     )
-    config.architectures = ["Qwen3_5ForConditionalGeneration"]
+    config.architectures = [model_cls.__name__]
     torch.manual_seed(seed)
     with torch.device(device):
-        model = qwen3_5.Qwen3_5ForConditionalGeneration(config).to(torch.bfloat16)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
+        built = model_cls(config).to(getattr(torch, dtype))
+    built.generation_config.eos_token_id = tokenizer.eos_token_id
+    built.generation_config.pad_token_id = tokenizer.pad_token_id
     out.parent.mkdir(parents=True, exist_ok=True)
-    assets.save_model(model, tokenizer, out)
+    assets.save_model(built, tokenizer, out)
     return out
 
 
-def text_params(config: Any) -> int:
-    """Parameters of the text model (embeddings included once when tied): the 6N of the MFU estimate."""
-    t = config.get_text_config()
-    h, layers = t.hidden_size, t.num_hidden_layers
-    kinds = list(t.layer_types)
-    full = h * (t.num_attention_heads * t.head_dim * 2) + 2 * h * t.num_key_value_heads * t.head_dim
-    full += t.num_attention_heads * t.head_dim * h
-    kd, vd = (
-        t.linear_num_key_heads * t.linear_key_head_dim,
-        t.linear_num_value_heads * t.linear_value_head_dim,
-    )
-    lin = h * (2 * kd + vd) + h * vd + 2 * h * t.linear_num_value_heads + vd * h
-    lin += (2 * kd + vd) * t.linear_conv_kernel_dim
-    mlp = 3 * h * t.intermediate_size
-    per = sum((full if k == "full_attention" else lin) + mlp for k in kinds[:layers])
-    embed = t.vocab_size * h * (1 if t.tie_word_embeddings else 2)
-    return per + embed
+def flops_params(config: Any) -> int:
+    """The N of the MFU estimate (6 x N x tokens): text parameters a token's forward multiplies by, i.e.
+    attention, router, shared and top-k routed experts and the head (models.count_text_params)."""
+    return count_text_params(config.get_text_config().to_dict()).matmul
+
+
+Shape = tuple[int, int, int]  # sequences per GPU per step, micro-batch, sequence length
+
+
+def parse_shapes(text: str) -> list[Shape]:
+    """`4/4/2048,8/2/2048`: batch/mbs/seq triples, as the tables print them."""
+    shapes = []
+    for item in text.split(","):
+        parts = item.strip().split("/")
+        if len(parts) != 3 or not all(part.isdigit() for part in parts):
+            raise argparse.ArgumentTypeError(f"shape {item!r} is not BATCH/MBS/SEQ, e.g. 4/4/2048")
+        batch, mbs, seq = (int(part) for part in parts)
+        shapes.append((batch, mbs, seq))
+    return shapes
+
+
+def shapes_of(args: argparse.Namespace) -> list[Shape]:
+    return getattr(args, "shapes", None) or [(args.batch, args.mbs, args.seq)]
 
 
 def run_matrix(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every (mode, kernels) pair in a fresh process group; failures become rows with the last error line."""
+    """Every (mode, kernels) pair in a fresh process group, which measures each shape in turn (the model is
+    loaded once per group); what failed becomes a row with the last error line."""
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
+    shapes = shapes_of(args)
+    spec = ",".join("/".join(map(str, shape)) for shape in shapes)
     for kernels in args.kernels:
         for mode in args.modes:
             before = args.out.read_text().count("\n") if args.out.exists() else 0
@@ -128,35 +153,32 @@ def run_matrix(args: argparse.Namespace) -> list[dict[str, Any]]:
                 f"--nproc-per-node={args.gpus}",
             ]
             cmd += ["-m", "benchmarks.gpu_worker", "--model", str(args.model), "--out", str(args.out)]
-            cmd += ["--modes", mode, "--kernels", kernels, "--batch", str(args.batch), "--mbs", str(args.mbs)]
-            cmd += ["--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+            cmd += ["--modes", mode, "--kernels", kernels, "--shapes", spec]
+            cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
             cmd += ["--recompute"] if args.recompute else []
             cmd += ["--profile", str(args.profile)] if args.profile else []
             cmd += ["--logprobs", args.logprobs, "--fill", str(args.fill), "--gpus", str(args.gpus)]
-            label = f"{mode}/{kernels} x{args.gpus} b{args.batch} mbs{args.mbs} s{args.seq}"
-            console.print(f"[bold]bench[/bold] {label}")
+            console.print(f"[bold]bench[/bold] {mode}/{kernels} x{args.gpus} shapes {spec}")
             started = time.monotonic()
-            log = args.out.with_suffix(f".{run_slug(mode, kernels, args)}.log")
+            log = args.out.with_suffix(f".{run_slug(mode, kernels, args, shapes[0])}.log")
             with log.open("w") as handle:
                 code = run_group(cmd, handle, args.timeout)
             lines = args.out.read_text().splitlines() if args.out.exists() else []
-            if code == 0 and len(lines) > before:
-                row = json.loads(lines[-1])
-            else:
+            measured = [json.loads(line) for line in lines[before:]]
+            if code != 0 or len(measured) < len(shapes):
                 tail = [ln for ln in log.read_text(errors="replace").splitlines() if "Error" in ln][-1:]
-                row = {"mode": mode, "kernels": kernels, "gpus": args.gpus, "batch": args.batch}
-                row |= {
-                    "mbs": args.mbs,
-                    "seq": args.seq,
-                    "fill": args.fill,
-                    "logprobs": args.logprobs,
-                    "error": (tail or [f"exit {code}"])[0],
-                }
+                batch, mbs, seq = shapes[len(measured)] if len(measured) < len(shapes) else shapes[-1]
+                row = {"mode": mode, "kernels": kernels, "gpus": args.gpus, "batch": batch, "mbs": mbs}
+                row |= {"seq": seq, "fill": args.fill, "logprobs": args.logprobs}
+                row["error"] = (tail or [f"exit {code}"])[0]
                 with args.out.open("a") as handle:
                     handle.write(json.dumps(row) + "\n")
-            row["wall_s"] = round(time.monotonic() - started, 1)
-            rows.append(row)
-            console.print(f"  {_cell(row)}")
+                measured.append(row)
+            wall = round(time.monotonic() - started, 1)
+            for row in measured:
+                row["wall_s"] = wall  # the whole group's, model load included
+                rows.append(row)
+                console.print(f"  {_shape(row)}: {_cell(row)}")
     return rows
 
 
@@ -175,10 +197,11 @@ def run_group(cmd: list[str], log: Any, timeout: float) -> int | str:
         return f"timeout after {timeout:.0f} s"
 
 
-def run_slug(mode: str, kernels: str, args: argparse.Namespace) -> str:
+def run_slug(mode: str, kernels: str, args: argparse.Namespace, shape: Shape) -> str:
     """One configuration's file stem: its log here, its profile table in the worker."""
-    shape = f"g{args.gpus}.b{args.batch}.m{args.mbs}.s{args.seq}.f{args.fill:g}"
-    return f"{mode}.{kernels}.{args.logprobs}.{shape}"
+    batch, mbs, seq = shape
+    shape_text = f"g{args.gpus}.b{batch}.m{mbs}.s{seq}.f{args.fill:g}"
+    return f"{mode}.{kernels}.{args.logprobs}.{shape_text}"
 
 
 def _run_name(row: dict[str, Any]) -> str:
@@ -226,9 +249,14 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m benchmarks.gpu_bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="action", required=True)
-    mk = sub.add_parser("make-model", help="write the random-init Qwen3.5-0.8B-shaped model + tokenizer")
+    mk = sub.add_parser("make-model", help="write a random-init model in a registry shape + tokenizer")
     mk.add_argument("--out", type=Path, required=True)
+    mk.add_argument(
+        "--model", choices=GPU_MODELS, default=GPU_MODELS[0], help="registry shape (engine.recipes.models)"
+    )
     mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--layers", type=int, default=None, help="keep only the first N layers of the shape")
+    mk.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     mk.add_argument("--small", action="store_true", help="tiny widths (tests on CPU)")
     run = sub.add_parser("run", help="run the benchmark matrix")
     run.add_argument("--model", type=Path, required=True, help="model directory (make-model writes one)")
@@ -239,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch", type=int, default=4, help="sequences per GPU per step")
     run.add_argument("--mbs", type=int, default=4, help="micro-batch per GPU")
     run.add_argument("--seq", type=int, default=2048)
+    run.add_argument(
+        "--shapes",
+        type=parse_shapes,
+        default=None,
+        help="BATCH/MBS/SEQ,...: measure each in turn in one process group (instead of --batch/--mbs/--seq)",
+    )
     run.add_argument("--steps", type=int, default=3, help="timed steps")
     run.add_argument("--warmup", type=int, default=1)
     run.add_argument("--recompute", action="store_true", help="gradient checkpointing")
@@ -255,7 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="verl rows: response lengths uniform in [FILL, 1] x seq/2; tokens/s counts real tokens",
     )
-    run.add_argument("--profile", type=Path, default=None, help="write torch.profiler tables here")
+    run.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="write torch.profiler tables of one extra step after the timed ones (last shape) here",
+    )
     run.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration")
     return parser
 
@@ -264,14 +303,17 @@ def validate_args(args: argparse.Namespace) -> None:
     bad = [m for m in args.modes if m not in MODES] + [k for k in args.kernels if k not in KERNELS]
     if bad:
         raise UserError(f"unknown --modes/--kernels {bad}; choose from {list(MODES)} and {list(KERNELS)}")
-    if min(args.gpus, args.batch, args.mbs, args.seq, args.steps) < 1 or args.warmup < 0:
-        raise UserError("--gpus, --batch, --mbs, --seq and --steps must be positive (--warmup >= 0)")
-    if args.batch % args.mbs:
-        raise UserError(f"--batch {args.batch} is not a multiple of --mbs {args.mbs}; make it one")
+    if min(args.gpus, args.steps) < 1 or args.warmup < 0:
+        raise UserError("--gpus and --steps must be positive (--warmup >= 0)")
+    for batch, mbs, seq in shapes_of(args):
+        if min(batch, mbs, seq) < 1:
+            raise UserError(f"shape {batch}/{mbs}/{seq}: batch, mbs and seq must be positive")
+        if batch % mbs:
+            raise UserError(f"batch {batch} is not a multiple of mbs {mbs}; make it one")
+        if seq < 2:
+            raise UserError(f"seq {seq} must be at least 2 (half prompt, half response)")
     if not 0 < args.fill <= 1:
         raise UserError(f"--fill {args.fill} must be in (0, 1]: the shortest response as a share of seq/2")
-    if args.seq < 2:
-        raise UserError("--seq must be at least 2 (half prompt, half response)")
     if not (args.model / "config.json").is_file():
         raise UserError(
             f"--model {args.model}: no config.json; write one with `bench-gpu make-model --out DIR`"
@@ -295,7 +337,11 @@ def cli_main(argv: list[str]) -> int:
         import torch
 
         device = "cuda" if torch.cuda.is_available() and not args.small else "cpu"
-        path = make_model(args.out, args.seed, device, small=args.small)
+        if args.layers is not None and args.layers < 1:
+            raise UserError(f"--layers {args.layers}: give a positive number of layers")
+        path = make_model(
+            args.out, args.seed, device, args.small, args.model, layers=args.layers, dtype=args.dtype
+        )
         print(f"model {path}")
         return 0
     validate_args(args)

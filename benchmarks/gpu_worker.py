@@ -1,20 +1,19 @@
 """One benchmark configuration on every rank of a `torch.distributed.run` group (see benchmarks.gpu_bench).
 
-Run as `python -m torch.distributed.run ... -m benchmarks.gpu_worker ARGS` by `bench-gpu run`; rank 0
-appends one JSON row to the output file.
+Run as `python -m torch.distributed.run ... -m benchmarks.gpu_worker ARGS` by `bench-gpu run`; the model
+is built once and each shape of `--shapes` measured in turn; rank 0 appends one JSON row per shape.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 import time
 from typing import Any
 
-from benchmarks.gpu_bench import PEAK_TFLOPS, build_parser, run_slug, text_params
+from benchmarks.gpu_bench import PEAK_TFLOPS, Shape, build_parser, flops_params, run_slug, shapes_of
 from engine.env.pins import dist_version
 from engine.runtime.kernels import select_kernels
 
@@ -26,7 +25,7 @@ def _batch(vocab: int, batch: int, seq: int, device: Any, seed: int) -> Any:
     return torch.randint(0, vocab, (batch, seq), generator=generator).to(device)
 
 
-def _response_mask(args: argparse.Namespace, half: int, seed: int) -> Any:
+def _response_mask(fill: float, batch: int, seq: int, half: int, seed: int) -> Any:
     """Attention mask with full prompts and response lengths uniform in [fill, 1] x the response half.
 
     `--fill 1` is every token real (no padding to remove); below 1 it is a GRPO-like batch of ragged
@@ -35,23 +34,22 @@ def _response_mask(args: argparse.Namespace, half: int, seed: int) -> Any:
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    share = args.fill + (1 - args.fill) * torch.rand(args.batch, generator=generator)
-    lengths = (share * (args.seq - half)).round().clamp(min=1).long()
-    mask = torch.ones(args.batch, args.seq, dtype=torch.long)
-    mask[:, half:] = (torch.arange(args.seq - half) < lengths[:, None]).long()
+    share = fill + (1 - fill) * torch.rand(batch, generator=generator)
+    lengths = (share * (seq - half)).round().clamp(min=1).long()
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[:, half:] = (torch.arange(seq - half) < lengths[:, None]).long()
     return mask
 
 
 def _plain_step_fn(model_path: str, args: argparse.Namespace, device: Any) -> tuple[Any, int]:
     """Our own FSDP2: one fully_shard per decoder layer, bf16 compute, fp32 master weights, fused AdamW."""
     import torch
+    import transformers
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from transformers import AutoConfig, Qwen3_5ForConditionalGeneration
 
-    config = AutoConfig.from_pretrained(model_path)
-    model = Qwen3_5ForConditionalGeneration.from_pretrained(
-        model_path, dtype=torch.float32, attn_implementation="sdpa"
-    ).to(device)
+    config = transformers.AutoConfig.from_pretrained(model_path)
+    model_cls = getattr(transformers, config.architectures[0])  # Qwen3_5(Moe)ForConditionalGeneration
+    model = model_cls.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa").to(device)
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model.model.language_model.layers:
         fully_shard(layer, mp_policy=policy)
@@ -60,15 +58,16 @@ def _plain_step_fn(model_path: str, args: argparse.Namespace, device: Any) -> tu
     vocab = config.get_text_config().vocab_size
     rank = int(os.environ.get("RANK", "0"))
 
-    def step(index: int) -> int:
-        ids = _batch(vocab, args.batch, args.seq, device, 1000 * rank + index)
-        for micro in ids.split(args.mbs):
+    def step(index: int, shape: Shape) -> int:
+        batch, mbs, seq = shape
+        ids = _batch(vocab, batch, seq, device, 1000 * rank + index)
+        for micro in ids.split(mbs):
             model(input_ids=micro, labels=micro).loss.backward()
         optim.step()
         optim.zero_grad(set_to_none=True)
         return ids.numel()
 
-    return step, text_params(config)
+    return step, flops_params(config)
 
 
 def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tuple[Any, int]:
@@ -90,6 +89,7 @@ def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tu
         install_token_logprobs()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
+    _, first_mbs, first_seq = shapes_of(args)[0]  # each step passes its own micro-batch to the engine
     model_config = HFModelConfig(
         path=model_path,
         load_tokenizer=False,
@@ -103,8 +103,8 @@ def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tu
         fsdp_size=world,
         use_remove_padding=packed,
         use_dynamic_bsz=False,
-        micro_batch_size_per_gpu=args.mbs,
-        max_token_len_per_gpu=args.mbs * args.seq,
+        micro_batch_size_per_gpu=first_mbs,
+        max_token_len_per_gpu=first_mbs * first_seq,
         ulysses_sequence_parallel_size=1,
     )
     engine = EngineRegistry.new(
@@ -116,71 +116,139 @@ def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tu
         checkpoint_config=CheckpointConfig(),
     )
     engine.initialize()
-    actor = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=args.mbs)
+    actor = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=first_mbs)
     loss_fn = partial(ppo_loss, config=actor)
     vocab = model_config.hf_config.get_text_config().vocab_size
-    half = args.seq // 2
 
-    def step(index: int) -> int:
-        ids = _batch(vocab, args.batch, args.seq, "cpu", 1000 * rank + index)
-        mask = _response_mask(args, half, 1000 * rank + index)
+    def step(index: int, shape: Shape) -> int:
+        batch, mbs, seq = shape
+        half = seq // 2
+        ids = _batch(vocab, batch, seq, "cpu", 1000 * rank + index)
+        mask = _response_mask(args.fill, batch, seq, half, 1000 * rank + index)
         data = DataProto.from_single_dict(
             {
                 "input_ids": ids,
                 "prompts": ids[:, :half],
                 "attention_mask": mask,
-                "position_ids": torch.arange(args.seq).expand(args.batch, args.seq).clone(),
+                "position_ids": torch.arange(seq).expand(batch, seq).clone(),
                 "responses": ids[:, half:],
                 "response_mask": mask[:, half:],
-                "old_log_probs": torch.full((args.batch, args.seq - half), -12.0),
-                "advantages": torch.randn(args.batch, args.seq - half),
+                "old_log_probs": torch.full((batch, seq - half), -12.0),
+                "advantages": torch.randn(batch, seq - half),
             },
             meta_info={"temperature": 1.0},
         )
         td = left_right_2_no_padding(data.to_tensordict())
         tu.assign_non_tensor(
             td,
-            global_batch_size=args.batch * world,
+            global_batch_size=batch * world,
             use_remove_padding=packed,
             use_dynamic_bsz=False,
-            max_token_len_per_gpu=args.mbs * args.seq,
-            micro_batch_size_per_gpu=args.mbs,
+            max_token_len_per_gpu=mbs * seq,
+            micro_batch_size_per_gpu=mbs,
             use_fused_kernels=False,
         )
         with engine.train_mode():
             engine.train_batch(td, loss_function=loss_fn)
         return int(mask.sum())
 
-    return step, text_params(model_config.hf_config)
+    return step, flops_params(model_config.hf_config)
 
 
-def _profiler(args: argparse.Namespace, cuda: bool) -> Any:
-    """torch.profiler over the timed steps when --profile is set (the timing then includes its cost)."""
-    if not args.profile:
-        return None
+def _profile_step(
+    step: Any, index: int, shape: Shape, args: argparse.Namespace, mode: str, cuda: bool
+) -> None:
+    """One more step under torch.profiler, after the timed ones (their figures stay the profiler's cost
+    free): top operators by device and host time, and the operator count: where a step goes."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    return profile(activities=activities, record_shapes=False)
-
-
-def _write_profile(profiler: Any, args: argparse.Namespace, mode: str, cuda: bool) -> None:
-    """Top operators by device and host time, and the operator count: where an engine step goes."""
+    started = time.perf_counter()
+    with profile(activities=activities, record_shapes=False) as profiler:
+        step(index, shape)
+        if cuda:
+            torch.cuda.synchronize()
+    wall_ms = 1000 * (time.perf_counter() - started)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
     averages = profiler.key_averages()
     sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     calls = sum(event.count for event in averages)
-    text = f"# {mode}/{args.kernels[0]} b{args.batch} mbs{args.mbs} s{args.seq}: {calls} operator calls\n"
+    batch, mbs, seq = shape
+    text = f"# {mode}/{args.kernels[0]} b{batch} mbs{mbs} s{seq}: {calls} operator calls, "
+    text += f"{wall_ms:.0f} ms wall under the profiler\n"
     text += averages.table(sort_by=sort, row_limit=40, max_name_column_width=70)
     if cuda:
         text += "\n" + averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)
     args.profile.mkdir(parents=True, exist_ok=True)
-    (args.profile / f"{run_slug(mode, args.kernels[0], args)}.txt").write_text(text)
+    (args.profile / f"{run_slug(mode, args.kernels[0], args, shape)}.txt").write_text(text)
+
+
+def _measure(step: Any, shape: Shape, first: int, args: argparse.Namespace, cuda: bool) -> tuple[int, float]:
+    """Warm-up steps, then the timed ones: (non-padding tokens per rank, seconds per step)."""
+    import torch
+    import torch.distributed as dist
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for index in range(args.warmup):
+        step(first + index, shape)
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    dist.barrier()
+    start = time.perf_counter()
+    real_tokens = sum(step(first + args.warmup + index, shape) for index in range(args.steps))
+    sync()
+    dist.barrier()
+    return real_tokens, (time.perf_counter() - start) / args.steps
+
+
+def _row(shape: Shape, tokens: float, elapsed: float, n_params: int, args: argparse.Namespace) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    peak = torch.tensor([torch.cuda.max_memory_allocated() if cuda else 0.0], device=device)
+    reserved = torch.tensor([torch.cuda.max_memory_reserved() if cuda else 0.0], device=device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    dist.all_reduce(reserved, op=dist.ReduceOp.MAX)
+    world = dist.get_world_size()
+    per_gpu = tokens * world / args.steps / elapsed / world  # non-padding tokens (same count per rank)
+    name = torch.cuda.get_device_name() if cuda else "cpu"
+    peak_tflops = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+    batch, mbs, seq = shape
+    mode = args.modes[0]
+    return {
+        "mode": mode,
+        "kernels": args.kernels[0],
+        "kernel_detail": select_kernels(args.kernels[0]),
+        "logprobs": args.logprobs if mode != "plain" else "model loss",
+        "gpus": world,
+        "batch": batch,
+        "mbs": mbs,
+        "seq": seq,
+        "fill": args.fill,
+        "step_ms": round(1000 * elapsed, 1),
+        "tokens_per_s": round(per_gpu * world, 1),
+        "tokens_per_s_per_gpu": round(per_gpu, 1),
+        "tflops_per_gpu": round(6 * n_params * per_gpu / 1e12, 2),
+        "mfu": round(6 * n_params * per_gpu / (peak_tflops * 1e12), 4) if peak_tflops else None,
+        "peak_alloc_gib": round(float(peak) / 1024**3, 2),
+        "peak_reserved_gib": round(float(reserved) / 1024**3, 2),
+        "flops_params": n_params,
+        "device": name,
+        "torch": torch.__version__,
+        "transformers": dist_version("transformers"),
+        "verl": dist_version("verl"),
+    }
 
 
 def worker_main(argv: list[str]) -> int:
-    """One configuration on every rank of a torch.distributed.run group; rank 0 appends a JSON row."""
+    """One configuration on every rank of a torch.distributed.run group; rank 0 writes a row per shape."""
     args = build_parser().parse_args(["run", *argv])
-    kernels = select_kernels(args.kernels[0])
+    select_kernels(args.kernels[0])
     import torch
     import torch.distributed as dist
 
@@ -195,55 +263,15 @@ def worker_main(argv: list[str]) -> int:
         step, n_params = _plain_step_fn(str(args.model), args, device)
     else:
         step, n_params = _verl_step_fn(str(args.model), args, packed=mode == "verl-packed")
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    for index in range(args.warmup):
-        step(index)
-    sync()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    dist.barrier()
-    profiler = _profiler(args, cuda)
-    start = time.perf_counter()
-    with profiler or contextlib.nullcontext():
-        real_tokens = sum(step(args.warmup + index) for index in range(args.steps))
-        sync()
-    dist.barrier()
-    elapsed = (time.perf_counter() - start) / args.steps
-    if profiler is not None and dist.get_rank() == 0:
-        _write_profile(profiler, args, mode, cuda)
-    world = dist.get_world_size()
-    peak = torch.tensor([torch.cuda.max_memory_allocated() if cuda else 0.0], device=device)
-    reserved = torch.tensor([torch.cuda.max_memory_reserved() if cuda else 0.0], device=device)
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    dist.all_reduce(reserved, op=dist.ReduceOp.MAX)
-    if dist.get_rank() == 0:
-        tokens = real_tokens * world / args.steps / elapsed  # non-padding tokens (same count per rank)
-        name = torch.cuda.get_device_name() if cuda else "cpu"
-        peak_tflops = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
-        row = {
-            "mode": mode,
-            "kernels": args.kernels[0],
-            "kernel_detail": kernels,
-            "logprobs": args.logprobs if mode != "plain" else "model loss",
-            "gpus": world,
-            "batch": args.batch,
-            "mbs": args.mbs,
-            "seq": args.seq,
-            "fill": args.fill,
-            "step_ms": round(1000 * elapsed, 1),
-            "tokens_per_s": round(tokens, 1),
-            "tokens_per_s_per_gpu": round(tokens / world, 1),
-            "mfu": round(6 * n_params * tokens / world / (peak_tflops * 1e12), 4) if peak_tflops else None,
-            "peak_alloc_gib": round(float(peak) / 1024**3, 2),
-            "peak_reserved_gib": round(float(reserved) / 1024**3, 2),
-            "text_params": n_params,
-            "device": name,
-            "torch": torch.__version__,
-            "transformers": dist_version("transformers"),
-            "verl": dist_version("verl"),
-        }
-        with open(args.out, "a") as handle:
-            handle.write(json.dumps(row) + "\n")
+    shapes = shapes_of(args)
+    for number, shape in enumerate(shapes):
+        tokens, elapsed = _measure(step, shape, 100 * number, args, cuda)
+        row = _row(shape, tokens, elapsed, n_params, args)
+        if dist.get_rank() == 0:
+            with open(args.out, "a") as handle:
+                handle.write(json.dumps(row) + "\n")
+    if args.profile is not None:
+        _profile_step(step, 100 * len(shapes), shapes[-1], args, mode, cuda)
     dist.destroy_process_group()
     return 0
 

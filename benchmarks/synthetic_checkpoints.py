@@ -1,6 +1,7 @@
 """Synthetic sharded checkpoints in verl's layout, written the way a trainer writes them: one process per
 rank, gloo, DTensors on the meshes verl's FSDP and fsdp_turbo use (`fsdp2`, `hsdp`, `fsdp`, `turbo` with
-`dp_fsdp` + expert meshes, `nested2d`). Used by the export benchmark and the export tests.
+`dp_fsdp` + expert meshes, `nested2d`). Used by the export benchmark and the export tests;
+`python -m benchmarks.synthetic_checkpoints MODEL_DIR --out CKPT` writes one of a real model's weights.
 """
 
 from __future__ import annotations
@@ -124,3 +125,34 @@ def write_synthetic_checkpoints(jobs: list[dict[str, Any]], world: int) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(_synthetic_rank, args=(world, port, jobs), nprocs=world, join=True)
+
+
+def cli_main(argv: list[str]) -> int:
+    from pathlib import Path
+
+    from engine import fsutil
+    from engine.errors import ArgumentParser
+
+    prog = "python -m benchmarks.synthetic_checkpoints"
+    parser = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir", type=Path, help="Hugging Face model directory whose weights are sharded")
+    parser.add_argument("--out", type=Path, required=True, help="new checkpoint root (verl's layout)")
+    parser.add_argument("--layout", choices=("fsdp2", "hsdp"), default="fsdp2")
+    parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--step", type=int, default=1)
+    args = parser.parse_args(argv)
+    if not (args.model_dir / "config.json").is_file():
+        raise UserError(f"{args.model_dir}: no config.json; pass a Hugging Face model directory")
+    if args.world_size < 1 or (args.layout == "hsdp" and args.world_size % 2):
+        raise UserError(f"--world-size {args.world_size}: positive, and even for hsdp")
+    out = fsutil.check_out_dir(args.out)
+    job = {"layout": args.layout, "out": str(out), "step": args.step, "model_dir": str(args.model_dir)}
+    write_synthetic_checkpoints([job], args.world_size)
+    print(f"checkpoint {ckpt_layout.actor_dir(out, args.step)}")
+    return 0
+
+
+if __name__ == "__main__":
+    from engine.errors import entry
+
+    entry(cli_main)

@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# The test command: sets up .venv and .venv-vllm when missing, installs the container tools the image
-# test needs (root on Debian), then runs the whole test suite, slow end-to-end runs included: the main
-# suite in .venv, then the vLLM CPU tests (tests/runtime/test_vllm_cpu.py) in .venv-vllm. With arguments, only
-# `pytest ARGS` in .venv.
+# The test command: sets up .venv and .venv-vllm when missing (.venv-vllm in the background, while the
+# main suite runs), installs the container tools the image test needs (root on Debian), then runs the
+# whole test suite, slow end-to-end runs included: the main suite in .venv, then the vLLM CPU tests
+# (tests/runtime/test_vllm_cpu.py) in .venv-vllm. With arguments, only `pytest ARGS` in .venv.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-source ci/bootstrap.sh vllm
+source ci/bootstrap.sh
+if [ $# -eq 0 ]; then
+    # the vLLM stack (~3.5 GB of wheels on a cold cache) downloads and unpacks while the main suite runs:
+    # it is needed only by the vLLM CPU suite, after it
+    vllm_log=$(mktemp "${TMPDIR:-/tmp}/bootstrap-vllm.XXXXXX.log")
+    bash ci/bootstrap.sh vllm >"$vllm_log" 2>&1 &
+    vllm_env=$!
+fi
 if ! command -v buildah >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "test: installing buildah/podman for the image build test" >&2
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
@@ -17,6 +24,12 @@ fi
 main=0
 .venv/bin/python -m pytest || main=$?
 vllm=0
-.venv-vllm/bin/python -m pytest tests/runtime/test_vllm_cpu.py || vllm=$?
+if wait "$vllm_env"; then
+    .venv-vllm/bin/python -m pytest tests/runtime/test_vllm_cpu.py || vllm=$?
+else
+    vllm=$?
+    echo "test: setting up .venv-vllm failed (exit $vllm):" >&2
+    tail -20 "$vllm_log" >&2
+fi
 echo "test: main suite exit $main, vLLM CPU suite exit $vllm" >&2
 [ "$main" = 0 ] && [ "$vllm" = 0 ]

@@ -129,38 +129,59 @@ def verify_logits(
     import torch
 
     cls = model_class(config)
+    # on the GPU where there is one: with flash-linear-attention installed, transformers runs the
+    # gated-delta-net layers with its Triton kernels, which take no CPU tensors. Each model moves there
+    # before the next is built, so the host holds one fp32 copy at a time (24 GB at 6 B parameters).
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     state = dict(merge.iter_merged(files, [plans[k] for k in sorted(plans)], dtype=torch.float32))
     reference = cls._from_config(config, dtype=torch.float32).eval()
     missing, unexpected = reference.load_state_dict(state, strict=False)
+    del state
     if missing or unexpected:
         raise UserError(
             f"checkpoint keys do not fit {cls.__name__}: missing {missing[:3]} unexpected {unexpected[:3]}"
         )
+    reference = reference.to(device)
     exported, info = cls.from_pretrained(out, dtype=torch.float32, output_loading_info=True)
     if info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]:
         raise UserError(f"export verification failed: transformers reload reports {info}")
-    # on the GPU where there is one: with flash-linear-attention installed, transformers runs the
-    # gated-delta-net layers with its Triton kernels, which take no CPU tensors
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    reference, exported = reference.to(device), exported.to(device)
+    exported = exported.to(device)
     vocab = getattr(config, "text_config", config).vocab_size
     batch = ((torch.arange(2 * 16).reshape(2, 16) * 7919 + 13) % vocab).to(device)
+    choices: list[Any] = []
+    hooks = [
+        module.register_forward_hook(lambda _m, _i, out: choices.append(out[2].sort(-1).values))
+        for module in reference.modules()
+        if type(module).__name__.endswith("TopKRouter")  # transformers' MoE routers: (logits, scores, ids)
+    ]
     with torch.no_grad():
-        full = reference(input_ids=batch).logits
-        got = exported.eval()(input_ids=batch).logits
+        full = reference(input_ids=batch, use_cache=False).logits
+        routed_full, choices[:] = list(choices), []
+        got = exported.eval()(input_ids=batch, use_cache=False).logits
         for p in reference.parameters():
             p.data = p.data.to(dtype).to(torch.float32)
-        rounded = reference(input_ids=batch).logits
+        rounded = reference(input_ids=batch, use_cache=False).logits
+    for hook in hooks:
+        hook.remove()
     same = (got - rounded).abs().max().item()
     rel = ((got - full).abs().max() / full.abs().max().clamp_min(1e-6)).item()
+    moe = bool(hooks)
     result = {
         "max_abs_diff_same_weights": same,
         "max_rel_diff_full_precision": rel,
         "batch": list(batch.shape),
         "atol_same_weights": LOGITS_ATOL_SAME_WEIGHTS,
         "rtol_full_precision": LOGITS_RTOL_FULL_PRECISION,
+        # MoE: rounding the weights to the export dtype moves router logits across the top-k boundary for
+        # some tokens, and a token routed to other experts has other logits: the full-precision
+        # comparison measures that, not the export, so it is reported, and the same-weights check
+        # (exported = checkpoint rounded, every expert in its place) is the gate
+        "full_precision_gated": not moe,
     }
-    if same > LOGITS_ATOL_SAME_WEIGHTS or rel > LOGITS_RTOL_FULL_PRECISION:
+    if moe:
+        changed = [(a != b).any(-1) for a, b in zip(routed_full, choices, strict=True)]
+        result["routing_changed_share"] = torch.cat(changed).float().mean().item()
+    if same > LOGITS_ATOL_SAME_WEIGHTS or (not moe and rel > LOGITS_RTOL_FULL_PRECISION):
         raise UserError(f"export verification failed: logits differ from the checkpoint's: {result}")
     return result
 
@@ -356,8 +377,11 @@ def cli_main(argv: list[str]) -> int:
         f"export: {args.out} ({report['method']}, {structure['keys']} keys, {structure['dtype']}, "
         f"{len(report['files'])} files hashed, {report['seconds']} s)"
     )
-    if "logits" in report["verification"]:
-        print(
-            f"export: logits max |diff| {report['verification']['logits']['max_abs_diff_same_weights']:.2e}"
-        )
+    logits = report["verification"].get("logits")
+    if logits:
+        line = f"export: logits max |diff| {logits['max_abs_diff_same_weights']:.2e} against the checkpoint"
+        line += f" rounded, {logits['max_rel_diff_full_precision']:.2%} relative against its fp32 weights"
+        if "routing_changed_share" in logits:
+            line += f" (not gated: MoE, {logits['routing_changed_share']:.1%} of router choices differ)"
+        print(line)
     return 0

@@ -13,14 +13,36 @@ GIB = 1024**3
 # settings within +-15% (-10.2% to +2.4%, docs/performance.md). The unmodelled part is the bf16 logits
 # and their gradient next to the fp32 chunk, and autograd's saved gated-delta-net tensors.
 ACTIVATION_CALIBRATION = 1.8
+# torch's AdamW (foreach, what verl's FSDP engines use) computes its update in temporaries the size of
+# the parameters (fp32): 4 bytes per parameter on top of the states at the optimizer step. Measured: the
+# 35B-A3B shape at 6 layers peaks at 115.01 GiB = 20 B x 6.17 B parameters at every batch shape, above
+# its backward peak (docs/performance.md); for the dense 0.8B the activations peak higher.
+OPTIMIZER_STEP_BYTES = 4
+# Between steps the gradients are freed (zero_grad sets them to None): what stays on the device while
+# vLLM is awake is the fp32 weights and the AdamW moments. Measured 105.0 GiB in use during generation
+# for the 35B-A3B shape (12 B x 6.17 B + vLLM's 0.25 x 141 GiB: 104.2 estimated).
+RESIDENT_BYTES = 12
+
+
+def layer_activation_bytes(plan: Plan, tokens: float) -> float:
+    """What one decoder layer keeps for backward: 34 bytes per token and hidden unit (bf16, no attention
+    scores kept: flash/sdpa); an MoE layer also keeps, per token and routed expert, the gathered input,
+    the gate/up output, the activation and the expert's output (bf16)."""
+    m = plan.model
+    kept = 34 * tokens * m.hidden_size
+    if m.moe:
+        kept += 2 * tokens * m.experts_per_token * (2 * m.hidden_size + 3 * m.expert_intermediate_size)
+    return kept
 
 
 def memory_estimate(plan: Plan) -> dict[str, float]:
     """Per-device peak in GiB by phase. Deliberately simple: sharded states + activations + logits.
 
     Training states: fp32 master weights, fp32 grads and AdamW moments (16 bytes/param), sharded over
-    the FSDP group (experts over the EP group); on the host when offloaded. Rollout: vLLM takes
-    `gpu_memory_utilization` of the device while the resident training states stay.
+    the FSDP group (experts over the EP group); on the host when offloaded. The training peak is the
+    larger of backward (states + activations + logits) and the optimizer step (states + AdamW's
+    temporaries). Rollout: vLLM takes `gpu_memory_utilization` of the device while the resident
+    training states (weights and moments, no gradients) stay.
     """
     r, m = plan.recipe, plan.model
     p, a = r.parallel, r.actor
@@ -38,16 +60,18 @@ def memory_estimate(plan: Plan) -> dict[str, float]:
     seq = (r.data.max_prompt_length + r.data.max_response_length) / p.cp
     mbs = a.ppo_micro_batch_size_per_device
     recompute = r.turbo.recompute if a.strategy == "fsdp_turbo" else r.model.gradient_checkpointing
-    per_layer = 34 * mbs * seq * m.hidden_size
+    per_layer = layer_activation_bytes(plan, mbs * seq)
     activations = (
         (2 * mbs * seq * m.hidden_size * m.num_layers + per_layer) if recompute else per_layer * m.num_layers
     )
     logits = 4 * mbs * seq * m.vocab_size * (1 if a.entropy_from_logits_with_chunking else 2)
     # calibrated where measured (verl's FSDP/FSDP2 engine); fsdp_turbo's recompute path is unmeasured
     scale = ACTIVATION_CALIBRATION if a.strategy in ("fsdp", "fsdp2") else 1.0
-    train = (states + ref + scale * (activations + logits)) / GIB
+    backward = states + ref + scale * (activations + logits)
+    step = 0.0 if offloaded else states + ref + OPTIMIZER_STEP_BYTES * per_device_params
+    train = max(backward, step) / GIB
     rollout = 0.0
     if r.rollout.name == "vllm":
-        resident = 0.0 if offloaded else 16 * per_device_params
+        resident = 0.0 if offloaded else RESIDENT_BYTES * per_device_params
         rollout = r.rollout.gpu_memory_utilization * r.cluster.device_memory_gib + resident / GIB
     return {"train_gib": round(train, 2), "rollout_gib": round(rollout, 2)}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import UserError
+from engine.recipes.params import count_text_params
 
 LAYERS = "model.language_model.layers.{*}"
 VISION_BLOCKS = "model.visual.blocks.{*}"
@@ -100,6 +101,7 @@ class ModelSpec:
     vision_depth: int = 0
     tie_word_embeddings: bool = False
     intermediate_size: int = 0  # dense FFN width, where a model is built from the registry (0: not recorded)
+    shared_expert_intermediate_size: int = 0  # MoE: the always-on shared expert's width
     # models the project builds from these (engine.data.assets, the GPU benchmark): gated-delta-net head
     # dim and the dtype of the saved weights
     linear_head_dim: int = 0
@@ -132,6 +134,35 @@ class ModelSpec:
         if self.intermediate_size:
             facts["intermediate_size"] = self.intermediate_size
         return facts
+
+    def text_config(self) -> dict[str, Any]:
+        """The Hugging Face text config of a model built from these facts (random init, nothing downloaded):
+        the release's layer pattern (3 gated-delta-net layers, then one full-attention layer) cut to
+        `num_layers`."""
+        pattern = ["linear_attention"] * 3 + ["full_attention"]
+        config: dict[str, Any] = self.config_facts() | {
+            "layer_types": (pattern * (self.num_layers // 4 + 1))[: self.num_layers],
+            "linear_key_head_dim": self.linear_head_dim,
+            "linear_value_head_dim": self.linear_head_dim,
+            "linear_conv_kernel_dim": 4,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+        }
+        if self.moe:
+            config |= {
+                "moe_intermediate_size": self.expert_intermediate_size,
+                "shared_expert_intermediate_size": self.shared_expert_intermediate_size,
+            }
+        return config
+
+
+def truncated(spec: ModelSpec, layers: int, vision_params: float, **facts: Any) -> ModelSpec:
+    """`spec` at `layers` decoder layers, every width, expert and the vocabulary kept: the release's
+    architecture at a depth that fits fewer devices than the release needs. Parameter counts follow from
+    the shapes; `vision_params` is the vision tower of the model actually built."""
+    cut = replace(spec, num_layers=layers, **facts)
+    counts = count_text_params(cut.text_config())
+    return replace(cut, total_params=counts.total + vision_params, active_params=float(counts.active))
 
 
 REGISTRY: dict[str, ModelSpec] = {}
@@ -260,12 +291,38 @@ register(
         num_experts=256,
         experts_per_token=8,  # plus one shared expert
         expert_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+        linear_head_dim=128,
         vision_depth=27,
         source={
             "architecture": "Qwen/Qwen3.5-35B-A3B config.json (snapshot ec2d4ece); "
             + _SLIME.format("qwen3.5-35B-A3B"),
             "vision_depth": "Qwen3.6-35B-A3B config.json (text configs identical)",
+            "shared_expert_intermediate_size, linear_head_dim": "Qwen/Qwen3.5-35B-A3B config.json; also "
+            "transformers' Qwen3_5MoeTextConfig defaults",
             **_SHARED,
+        },
+    )
+)
+# The GPU benchmarks' small vision tower (benchmarks.gpu_bench; text-only runs never call it), counted on
+# the built model with a 2048-wide output.
+GPU_VISION_PARAMS_2048 = 103_739_648
+# The 35B-A3B architecture at full width (hidden 2048, 256 experts, 8 per token, vocabulary 248,320) and 6
+# of its 40 layers: the deepest cut whose fp32 weights, gradients and AdamW moments (16 bytes x 6.17 B
+# parameters = 92 GiB) leave room on one 141 GB H200 for the colocated vLLM's bf16 copy and KV cache
+# (docs/performance.md, "The 35B-A3B architecture on one H200").
+QWEN35_35B_6L = register(
+    truncated(
+        REGISTRY["Qwen3.5-35B-A3B"],
+        6,
+        GPU_VISION_PARAMS_2048,
+        name="Qwen3.5-35B-A3B-6L",
+        hf_id="local/qwen35-35b-a3b-6l-random",
+        vision_depth=12,
+        asset_dtype="bfloat16",
+        source={
+            "architecture": "Qwen3.5-35B-A3B's registry facts at 6 layers (engine.recipes.models.truncated)",
+            "total_params, active_params": "count_text_params + the built vision tower",
         },
     )
 )

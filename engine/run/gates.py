@@ -38,11 +38,19 @@ class Agreement:
     limit: float
     source: str
     floor: bool = False
+    # floors only: a later step may also fall at most this far below the first logged step. At step 1
+    # the rollout and the actor hold the same weights, so its value is the two engines' numerical
+    # agreement; a rollout that misses updates falls away from it as the actor moves
+    max_drop: float | None = None
 
-    def holds(self, value: float | None) -> bool:
+    def holds(self, value: float | None, first: float | None = None) -> bool:
         if value is None:
             return False
-        return value >= self.limit if self.floor else value <= self.limit
+        if not self.floor:
+            return value <= self.limit
+        if self.max_drop is not None and first is not None and value < first - self.max_drop:
+            return False
+        return value >= self.limit
 
 
 @dataclass(frozen=True)
@@ -68,9 +76,26 @@ AGREEMENT: dict[str, Agreement] = {
         metric=PROBS_CORR,
         limit=0.99,
         floor=True,
+        max_drop=0.05,
         source="docs/performance.md: vLLM on 1x H200, healthy >= 0.9971 (4 steps), no sync 0.76/0.65/0.41",
     ),
+    # MoE: vLLM's fused experts and transformers' grouped_mm pick other top-8 experts for some tokens in
+    # bf16, so the two engines agree less from step 1 on, by a constant that updates do not grow
+    "gpu-moe": Agreement(
+        metric=PROBS_CORR,
+        limit=0.9,
+        floor=True,
+        max_drop=0.05,
+        source="docs/performance.md: 35B-A3B shape on 1x H200, healthy 0.931/0.949/0.917/0.952 (4 steps, "
+        "spread 0.035); a missed update cost the dense smoke 0.24 of correlation at once",
+    ),
 }
+
+
+def agreement_for(device: str, moe: bool = False) -> Agreement | None:
+    """The device's agreement bound; MoE models have their own where one is measured."""
+    return AGREEMENT.get(f"{device}-moe") if moe and f"{device}-moe" in AGREEMENT else AGREEMENT.get(device)
+
 
 # Learning criteria are claims about one recipe's task, measured on its run-to-run spread.
 LEARNING: dict[str, Learning] = {
@@ -114,20 +139,25 @@ def agreement(
     ]
     if not gaps:
         return GateResult(name, SKIP, f"no {key} logged (rollout.calculate_log_probs off?)")
-    bad = [(step, gap) for step, gap in gaps if not limit.holds(gap)]
+    first = gaps[0][1]
+    bad = [(step, gap) for step, gap in gaps if not limit.holds(gap, first)]
     finite_gaps = [gap for _, gap in gaps if gap is not None and math.isfinite(gap)]
     worst = (min if limit.floor else max)(finite_gaps, default=float("nan"))
     wrong, right, extreme = ("<", ">=", "smallest") if limit.floor else (">", "<=", "largest")
+    bound = f"{limit.limit:g}"
+    drop = limit.max_drop if limit.floor else None
+    if drop is not None and first is not None and math.isfinite(first) and first - drop > limit.limit:
+        bound = f"{first - drop:.3g} (step {gaps[0][0]}'s {first:.3g} - {drop:g})"  # the tighter bound
     if bad:
         step, gap = bad[0]
         return GateResult(
             name,
             FAIL,
-            f"{key} {gap:.3g} {wrong} {limit.limit:g} at step {step} ({len(bad)} of {len(gaps)} steps): "
+            f"{key} {gap:.3g} {wrong} {bound} at step {step} ({len(bad)} of {len(gaps)} steps): "
             "the rollout did not sample from the weights the actor trained",
             step,
         )
-    detail = f"{extreme} {key} {worst:.3g} {right} {limit.limit:g} over {len(gaps)} steps"
+    detail = f"{extreme} {key} {worst:.3g} {right} {bound} over {len(gaps)} steps"
     return GateResult(name, PASS, detail)
 
 
@@ -182,10 +212,10 @@ def learning(rows: list[dict[str, Any]], criterion: Learning | None) -> GateResu
     return GateResult(name, PASS if end - start > criterion.margin else FAIL, detail)
 
 
-def evaluate(rows: list[dict[str, Any]], device: str, recipe: str) -> list[GateResult]:
+def evaluate(rows: list[dict[str, Any]], device: str, recipe: str, moe: bool = False) -> list[GateResult]:
     """Every gate over one launch's metric rows ({"step": n, "data": {...}}, verl's file-logger layout)."""
     return [
-        agreement(rows, AGREEMENT.get(device)),
+        agreement(rows, agreement_for(device, moe)),
         finite(rows),
         signal(rows),
         learning(rows, LEARNING.get(recipe)),

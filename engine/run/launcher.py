@@ -276,7 +276,7 @@ def run_main(argv: list[str]) -> int:
     last = max((int(row["step"]) for row in rows), default=0)
     saved = layout.saved_step(Path(p.value("trainer.default_local_dir")))
     result, trained = outcome(code, rows, total, saved)
-    checks = gates.evaluate(rows, r.cluster.device, r.name)
+    checks = gates.evaluate(rows, r.cluster.device, r.name, moe=p.model.moe)
     if result == 0 and gates.failed(checks):
         result = gates.EXIT_GATE_FAILED
     status = "ok" if result == 0 else "failed"

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from engine import fsutil
 from engine.errors import ArgumentParser, UserError
+from engine.recipes import models
 from engine.run import gates
 from engine.run.rundir import RunDir, read_metrics
 
@@ -72,10 +74,13 @@ def step_figures(data: dict[str, Any], sequences: int) -> dict[str, Any]:
     }
 
 
-def run_gates(rows: list[dict[str, Any]], max_probs_diff: float, min_probs_corr: float) -> list:
-    """The project's correctness gates (engine.run.gates) with this smoke's agreement thresholds."""
+def run_gates(
+    rows: list[dict[str, Any]], max_probs_diff: float, min_probs_corr: float | None, moe: bool
+) -> list:
+    """The project's correctness gates (engine.run.gates) with this smoke's agreement thresholds: the
+    GPU correlation bound of the model kind (dense or MoE), its floor replaced by --min-probs-corr."""
     source = "smoke-report threshold (--max-probs-diff / --min-probs-corr)"
-    corr = gates.Agreement(gates.PROBS_CORR, min_probs_corr, source, floor=True)
+    corr = corr_bound(moe, min_probs_corr)
     return [
         gates.agreement(rows, gates.Agreement(PROBS_DIFF, max_probs_diff, source), "rollout_probs_diff"),
         gates.agreement(rows, corr, "rollout_probs_corr"),
@@ -84,23 +89,34 @@ def run_gates(rows: list[dict[str, Any]], max_probs_diff: float, min_probs_corr:
     ]
 
 
-def _sequences(run_dir: Path) -> int:
-    """Responses per step (prompts x group size) from the recipe `engine run` saved."""
+def corr_bound(moe: bool, min_probs_corr: float | None) -> gates.Agreement:
+    bound = gates.agreement_for("gpu", moe)
+    assert bound is not None  # the gpu entries exist
+    if min_probs_corr is None:
+        return bound
+    return replace(bound, limit=min_probs_corr, source="smoke-report --min-probs-corr")
+
+
+def _recipe_facts(run_dir: Path) -> tuple[int, bool]:
+    """Responses per step (prompts x group size) and whether the model is MoE, from the recipe `engine
+    run` saved."""
     path = RunDir(run_dir).recipe
     if not path.is_file():
         raise UserError(f"{run_dir}: no recipe.yaml; pass a directory written by `engine run`")
     recipe = fsutil.read_yaml(path, "recipe", "pass a directory written by `engine run`")
     try:
-        return int(recipe["data"]["train_batch_size"]) * int(recipe["rollout"]["n"])
+        sequences = int(recipe["data"]["train_batch_size"]) * int(recipe["rollout"]["n"])
     except (TypeError, KeyError, ValueError):
         raise UserError(f"{path}: no data.train_batch_size or rollout.n; not a resolved recipe") from None
+    name = (recipe.get("model") or {}).get("name")
+    return sequences, bool(name) and models.lookup(str(name)).moe  # no model named: judged as dense
 
 
-def report(run_dir: Path, max_probs_diff: float, min_probs_corr: float) -> dict[str, Any]:
+def report(run_dir: Path, max_probs_diff: float, min_probs_corr: float | None) -> dict[str, Any]:
     rows = read_metrics(RunDir(run_dir).metrics)
     if not rows:
         raise UserError(f"{run_dir}: metrics.jsonl has no steps; run `engine run` first")
-    sequences = _sequences(run_dir)
+    sequences, moe = _recipe_facts(run_dir)
     steps = []
     for row in rows:
         data = row.get("data", {})
@@ -117,10 +133,15 @@ def report(run_dir: Path, max_probs_diff: float, min_probs_corr: float) -> dict[
                 **step_figures(data, sequences),
             }
         )
-    checks = run_gates(rows, max_probs_diff, min_probs_corr)
+    checks = run_gates(rows, max_probs_diff, min_probs_corr, moe)
+    corr = corr_bound(moe, min_probs_corr)
     return {
         "run_dir": str(run_dir),
-        "thresholds": {"rollout_probs_diff_mean": max_probs_diff, "rollout_actor_probs_corr": min_probs_corr},
+        "thresholds": {
+            "rollout_probs_diff_mean": max_probs_diff,
+            "rollout_actor_probs_corr": corr.limit,
+            "rollout_actor_probs_corr_max_drop": corr.max_drop,
+        },
         "sequences_per_step": sequences,
         "steps": steps,
         "gates": [check.as_dict() for check in checks],
@@ -183,7 +204,10 @@ def cli_main(argv: list[str]) -> int:
     parser.add_argument("run_dir", type=Path, help="directory written by `engine run`")
     parser.add_argument("--max-probs-diff", type=float, default=0.01, help="gate on verl's probs diff mean")
     parser.add_argument(
-        "--min-probs-corr", type=float, default=gates.AGREEMENT["gpu"].limit, help="gate on verl's probs corr"
+        "--min-probs-corr",
+        type=float,
+        default=None,
+        help="floor on verl's probs corr (default: the GPU gate of the run's model kind, dense or MoE)",
     )
     parser.add_argument("--drift", nargs=2, type=Path, metavar=("INITIAL", "TRAINED"), help="HF model dirs")
     args = parser.parse_args(argv)

@@ -10,21 +10,26 @@ import pytest
 from benchmarks import gpu_bench
 from engine.data import assets
 from engine.errors import UserError
+from engine.recipes import models
+from engine.recipes.params import count_text_params
 from engine.runtime import kernels
 
 
-def test_text_params_matches_the_real_module() -> None:
-    from transformers.models import qwen3_5
+def test_flops_params_count_what_a_token_multiplies_by() -> None:
+    """Dense: every text parameter (the tied embedding once, as the head); MoE: attention, router, shared
+    expert, 8 of 256 routed experts and the head, not the embedding lookup."""
+    import transformers
 
-    text = dict(gpu_bench.TEXT_0P8B) | {"num_hidden_layers": 4, "layer_types": ["linear_attention"] * 3}
-    text["layer_types"] = text["layer_types"] + ["full_attention"]
-    text |= {"vocab_size": 1000}
-    config = qwen3_5.Qwen3_5TextConfig(**text)
-    model = qwen3_5.Qwen3_5ForCausalLM(config)
-    norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n or n.endswith("dt_bias"))
-    norms += sum(p.numel() for n, p in model.named_parameters() if n.endswith("A_log"))
-    counted = sum(p.numel() for p in model.parameters()) - norms
-    assert gpu_bench.text_params(config) == counted
+    text = models.lookup("Qwen3.5-0.8B").text_config()
+    dense = transformers.AutoConfig.for_model("qwen3_5", text_config=text)
+    assert gpu_bench.flops_params(dense) == 752_393_024  # the 0.8B's text parameters
+    cut = models.lookup("Qwen3.5-35B-A3B-6L")
+    moe = transformers.AutoConfig.for_model("qwen3_5_moe", text_config=cut.text_config())
+    embedding = cut.vocab_size * cut.hidden_size
+    assert gpu_bench.flops_params(moe) == cut.active_params - embedding == 877_469_120
+    routed = 3 * cut.hidden_size * cut.expert_intermediate_size
+    all_experts = gpu_bench.flops_params(moe) + 6 * (256 - 8) * routed  # every expert instead of 8
+    assert all_experts == count_text_params(cut.text_config()).total - embedding
 
 
 def test_conv1d_cpu_path_equals_torch_depthwise_conv() -> None:
@@ -129,3 +134,55 @@ def test_make_model_writes_a_loadable_qwen35_with_the_project_tokenizer(tmp_path
         tokenizer.convert_tokens_to_ids(plain.convert_ids_to_tokens(i)) for i in plain(prompt)["input_ids"]
     ]
     assert not list(tmp_path.glob(".model.*"))  # the temporary directory was renamed, not left behind
+
+
+def test_make_model_moe_saves_experts_per_expert_and_cuts_layers(tmp_path: Path) -> None:
+    import transformers
+    from safetensors import safe_open
+
+    out = gpu_bench.make_model(tmp_path / "moe", small=True, model="Qwen3.5-35B-A3B-6L", layers=2)
+    config = transformers.AutoConfig.from_pretrained(out)
+    text = config.get_text_config()
+    assert config.architectures == ["Qwen3_5MoeForConditionalGeneration"]
+    assert text.num_hidden_layers == 2 and text.layer_types == ["linear_attention"] * 2
+    assert text.num_experts == gpu_bench.SMALL_MOE["num_experts"]
+    with safe_open(next(out.glob("*.safetensors")), framework="pt") as handle:
+        keys = list(handle.keys())
+    assert "model.language_model.layers.1.mlp.experts.7.down_proj.weight" in keys
+    assert not [k for k in keys if k.endswith("experts.gate_up_proj")]
+    model = transformers.Qwen3_5MoeForConditionalGeneration.from_pretrained(out)
+    assert model.config.get_text_config().num_experts == 8
+
+
+def test_parse_shapes_and_bad_shapes(tmp_path: Path) -> None:
+    assert gpu_bench.parse_shapes("4/4/2048, 2/1/4096") == [(4, 4, 2048), (2, 1, 4096)]
+    with pytest.raises(argparse.ArgumentTypeError, match="BATCH/MBS/SEQ"):
+        gpu_bench.parse_shapes("4x4x2048")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="batch 6 is not a multiple of mbs 4"):
+        gpu_bench.validate_args(_args(tmp_path, shapes=[(4, 4, 64), (6, 4, 64)]))
+
+
+@pytest.mark.slow
+def test_one_process_group_measures_each_shape_and_profiles_a_step(tmp_path: Path) -> None:
+    """The real worker on the CPU (gloo): the plain FSDP2 row of the small MoE at two shapes, one row each,
+    then a profiled step; MFU's N is the MoE's active count."""
+    import json
+
+    import transformers
+
+    model = gpu_bench.make_model(tmp_path / "moe", small=True, model="Qwen3.5-35B-A3B-6L")
+    out = tmp_path / "rows.jsonl"
+    code = gpu_bench.cli_main(
+        [
+            *("run", "--model", str(model), "--modes", "plain", "--kernels", "torch"),
+            *("--shapes", "2/1/32,2/2/32", "--steps", "1", "--warmup", "0", "--out", str(out)),
+            *("--profile", str(tmp_path / "prof")),
+        ]
+    )
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert code == 0 and [(r["batch"], r["mbs"], r["seq"]) for r in rows] == [(2, 1, 32), (2, 2, 32)]
+    assert all(r["tokens_per_s"] > 0 and r["step_ms"] > 0 for r in rows)
+    assert rows[0]["flops_params"] == gpu_bench.flops_params(transformers.AutoConfig.from_pretrained(model))
+    profile = next((tmp_path / "prof").glob("plain.torch.*.b2.m2.s32.*.txt")).read_text()
+    assert "operator calls" in profile.splitlines()[0]

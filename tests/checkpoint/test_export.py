@@ -124,6 +124,23 @@ def test_verl_merger_path_is_verified(checkpoints: dict, tmp_path: Path) -> None
 
 
 @pytest.mark.slow
+def test_moe_logit_check_counts_router_choices_and_gates_on_the_same_weights(
+    checkpoints: dict, tmp_path: Path
+) -> None:
+    """MoE: the export must equal the checkpoint rounded to bf16 (the gate); how far rounding moves the
+    logits of the fp32 weights depends on routing decisions crossing the top-k boundary, so it is reported
+    with the share of router choices that changed."""
+    report = export.export(checkpoints[("moe", "nested2d")], tmp_path / "moe", logits=True)
+    logits = report["verification"]["logits"]
+    assert logits["full_precision_gated"] is False
+    assert 0.0 <= logits["routing_changed_share"] <= 1.0
+    assert logits["max_abs_diff_same_weights"] <= export.LOGITS_ATOL_SAME_WEIGHTS
+    dense = export.export(checkpoints[("dense", "hsdp")], tmp_path / "dense", logits=True)
+    assert dense["verification"]["logits"]["full_precision_gated"] is True
+    assert "routing_changed_share" not in dense["verification"]["logits"]
+
+
+@pytest.mark.slow
 def test_broken_checkpoints_fail_cleanly_and_leave_nothing(checkpoints: dict, tmp_path: Path) -> None:
     import shutil
 

@@ -67,6 +67,25 @@ def test_gpu_agreement_is_a_floor_on_the_correlation() -> None:
     assert gates.agreement([row(1, **{gpu.metric: math.nan})], gpu).status == gates.FAIL
 
 
+def test_gpu_agreement_also_bounds_the_drop_from_step_one() -> None:
+    """At step 1 rollout and actor hold the same weights: later steps may not fall far below it, even
+    above the absolute floor (MoE: the engines agree less from the start, by a constant)."""
+    moe = gates.agreement_for("gpu", moe=True)
+    assert moe is gates.AGREEMENT["gpu-moe"] and gates.agreement_for("gpu") is gates.AGREEMENT["gpu"]
+    assert gates.agreement_for("cpu", moe=True) is CPU  # no MoE entry: the device's own
+    healthy = [row(s, **{moe.metric: c}) for s, c in enumerate([0.931, 0.949, 0.917, 0.952], 1)]
+    assert gates.agreement(healthy, moe).status == gates.PASS
+    # the first step itself high, then a fall that stays above the floor but not near step 1
+    fallen = [row(1, **{moe.metric: 0.99}), row(2, **{moe.metric: 0.92})]
+    result = gates.agreement(fallen, moe)
+    assert result.status == gates.FAIL and result.first_failed_step == 2
+    assert "0.94 (step 1's 0.99 - 0.05)" in result.detail
+    assert gates.agreement([row(1, **{moe.metric: 0.85})], moe).status == gates.FAIL  # the absolute floor
+    results = by_name(gates.evaluate(healthy, "gpu", "x", moe=True))
+    assert results["rollout_actor_agreement"].status == gates.PASS
+    assert by_name(gates.evaluate(healthy, "gpu", "x"))["rollout_actor_agreement"].status == gates.FAIL
+
+
 def test_agreement_skips_without_rollout_log_probs_or_a_threshold() -> None:
     plain = [{"step": 1, "data": {gates.REWARD: 0.1}}]
     assert gates.agreement(plain, CPU).status == gates.SKIP

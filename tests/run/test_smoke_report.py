@@ -90,3 +90,20 @@ def test_recorded_h200_vllm_runs_healthy_passes_and_broken_sync_fails() -> None:
     assert [(g["name"], g["first_failed_step"]) for g in failed] == [("rollout_probs_corr", 2)]
     # the probability gap alone misses it here: the tiny tokenizer's masked vocabulary dominates it
     assert [g["status"] for g in broken["gates"] if g["name"] == "rollout_probs_diff"] == ["pass"]
+
+
+def test_recorded_moe_run_is_judged_by_the_moe_bound() -> None:
+    """The 35B-A3B shape on 1x H200 (docs/performance.md): its rollout/actor correlation (0.917-0.952)
+    sits below the dense floor from step 1 on and does not fall after updates; the report reads the
+    model kind from the run's recipe."""
+    moe = ROOT / "docs/records/h200-moe-2026-12-01/smoke"
+    result = smoke_report.report(moe, 0.01, None)
+    assert result["passed"] and result["thresholds"]["rollout_actor_probs_corr"] == 0.9
+    assert not smoke_report.report(moe, 0.01, 0.99)["passed"]  # the dense floor would refuse it
+    assert min(s["probs_corr"] for s in result["steps"]) < 0.99
+    # the dense broken-sync record fails under the MoE bound too: its fall is larger than the MoE spread
+    broken = smoke_report.report(RECORDS / "no_sync", 0.01, None)
+    assert not broken["passed"]
+    failed = [g for g in smoke_report.run_gates(smoke_report.read_metrics(RECORDS / "no_sync/metrics.jsonl"),
+                                                0.01, None, moe=True) if g.status == "fail"]  # fmt: skip
+    assert [(g.name, g.first_failed_step) for g in failed] == [("rollout_probs_corr", 2)]

@@ -1,0 +1,50 @@
+"""Preflight's memory estimate against the peaks measured on H200s (benchmarks.memory_check): the
+calibration holds for every recorded row, dense and MoE, within the +-15% target."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import memory_check
+from engine.errors import UserError
+from tests.conftest import ROOT
+
+RECORDS = ROOT / "docs/records"
+
+
+@pytest.mark.parametrize(
+    ("rows", "recipe", "count"),
+    [
+        ("h200-moe-2026-12-01/bench/moe.jsonl", "qwen35_35b_h200", 5),
+        ("h200-vllm-2026-12-01/bench/rep1.jsonl", "smoke_gpu_h200", 2),
+    ],
+)
+def test_recorded_peaks_are_within_the_target(rows: str, recipe: str, count: int) -> None:
+    compared = memory_check.compare(
+        [RECORDS / rows], recipe, ["actor.strategy=fsdp2"], ("verl-packed", "verl-padded")
+    )
+    assert len(compared) == count
+    assert max(abs(r["error"]) for r in compared) <= 0.15, memory_check.markdown(compared)
+
+
+def test_moe_peak_is_the_optimizer_step_at_every_shape() -> None:
+    """The MoE rows peak at 20 B per parameter whatever the shape: AdamW's temporaries, not activations."""
+    compared = memory_check.compare(
+        [RECORDS / "h200-moe-2026-12-01/bench/moe.jsonl"],
+        "qwen35_35b_h200",
+        ["actor.strategy=fsdp2"],
+        ("verl-packed",),
+    )
+    assert {r["peak_alloc_gib"] for r in compared} == {115.01}
+    smallest = min(r["estimate_gib"] for r in compared)
+    assert smallest == pytest.approx(20 * 6.170611392e9 / 1024**3, abs=0.01)
+
+
+def test_cli_exit_codes(tmp_path) -> None:
+    rows = str(RECORDS / "h200-moe-2026-12-01/bench/moe.jsonl")
+    assert memory_check.cli_main([rows, "--recipe", "qwen35_35b_h200"]) == 0
+    assert memory_check.cli_main([rows, "--recipe", "qwen35_35b_h200", "--tolerance", "0.01"]) == 1
+    with pytest.raises(UserError, match="no measured rows"):
+        memory_check.cli_main([rows, "--recipe", "qwen35_35b_h200", "--modes", "plain"])
+    with pytest.raises(UserError, match="cannot read"):
+        memory_check.cli_main([str(tmp_path / "absent.jsonl"), "--recipe", "qwen35_35b_h200"])
