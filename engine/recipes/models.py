@@ -308,9 +308,9 @@ register(
 # the built model with a 2048-wide output.
 GPU_VISION_PARAMS_2048 = 103_739_648
 # The 35B-A3B architecture at full width (hidden 2048, 256 experts, 8 per token, vocabulary 248,320) and 6
-# of its 40 layers: the deepest cut whose fp32 weights, gradients and AdamW moments (16 bytes x 6.17 B
-# parameters = 92 GiB) leave room on one 141 GB H200 for the colocated vLLM's bf16 copy and KV cache
-# (docs/performance.md, "The 35B-A3B architecture on one H200").
+# of its 40 layers: fp32 weights, gradients and AdamW moments train it on one 141 GB H200 beside the
+# colocated vLLM (115 GiB at the optimizer step; 7 layers would be the limit, docs/performance.md, "The
+# 35B-A3B architecture on one H200").
 QWEN35_35B_6L = register(
     truncated(
         REGISTRY["Qwen3.5-35B-A3B"],
