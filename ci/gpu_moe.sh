@@ -7,8 +7,10 @@
 #      one process (the 6 B-parameter model loads once), then one profiled step: the MoE calibration
 #      settings of engine/preflight/memory.py and the MFU figures;
 #   4. the vLLM-rollout GRPO run with the weight sync checked after each update, its gates, the export
-#      with --verify-logits and the drift (ci/gpu_smoke.sh run post).
-# Usage: WHEELHOUSE=DIR ci/gpu_moe.sh RECORD_DIR [--set KEY=VALUE ...] (the sets go to the GRPO run).
+#      with --verify-logits and the drift (ci/gpu_smoke.sh run post);
+#   5. the same run with the weight sync broken: the MoE agreement gate must fail (ci/gpu_smoke.sh no_sync).
+# Usage: WHEELHOUSE=DIR [BENCH=0] ci/gpu_moe.sh RECORD_DIR [--set KEY=VALUE ...] (the sets go to both GRPO
+# runs; BENCH=0 leaves out stage 3).
 # Each stage's output lands in RECORD_DIR as it finishes; stages.txt lists each stage with its exit status.
 # ~20 min on one H200: start it detached (setsid) where a session's commands are time-limited.
 set -uo pipefail
@@ -39,14 +41,16 @@ done_stage install+imports $code
 done_stage make-model $?
 du -sh $model >>"$record/disk.txt" 2>&1
 
-nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader -lms 500 \
-    >"$record/bench-nvidia-smi.csv" 2>/dev/null &
-smi=$!
-$py -m benchmarks.gpu_bench run --model $model --modes verl-packed --kernels fla --shapes "$SHAPES" \
-    --steps 3 --warmup 1 --profile "$record/profile" --timeout 1200 --out "$record/bench/moe.jsonl" \
-    >"$record/bench.log" 2>&1
-done_stage bench $?
-kill $smi 2>/dev/null
+if [ "${BENCH:-1}" != 0 ]; then
+    nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader -lms 500 \
+        >"$record/bench-nvidia-smi.csv" 2>/dev/null &
+    smi=$!
+    $py -m benchmarks.gpu_bench run --model $model --modes verl-packed --kernels fla --shapes "$SHAPES" \
+        --steps 3 --warmup 1 --profile "$record/profile" --timeout 1200 --out "$record/bench/moe.jsonl" \
+        >"$record/bench.log" 2>&1
+    done_stage bench $?
+    kill $smi 2>/dev/null
+fi
 
 STAGES=run bash ci/gpu_smoke.sh "$record/smoke" "$@" >"$record/smoke-run.log" 2>&1
 done_stage smoke-run $?
@@ -59,4 +63,10 @@ fi
 STAGES=post bash ci/gpu_smoke.sh "$record/smoke" "$@" >"$record/smoke-post.log" 2>&1
 done_stage smoke-post $?
 df -h . >>"$record/disk.txt" 2>&1
+# the control needs no checkpoint; the healthy run's (25 GB) goes first on a small disk
+if [ "$(df --output=avail -BG . | tail -1 | tr -dc 0-9)" -lt 16 ]; then
+    rm -rf results/$RECIPE/checkpoints && echo "checkpoint removed for disk space" >>"$record/disk.txt"
+fi
+STAGES=no_sync bash ci/gpu_smoke.sh "$record/no_sync" "$@" >"$record/no_sync-run.log" 2>&1
+done_stage "no_sync (0 = gates failed, as they must)" $?
 done_stage all 0

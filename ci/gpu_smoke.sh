@@ -8,6 +8,9 @@
 # wheelhouse (engine wheelhouse build) installed into SITE first, with FALLBACK_WHEELS (a folder of wheels)
 # for imports still missing (ci/gpu_imports.py records each). Exit status: that of the gates (1), or of
 # the first failing stage.
+# The opt-in stage no_sync (STAGES=no_sync, its own RECORD_DIR) is the control: the same run with the
+# weight sync broken (ENGINE_TEST_BREAK=no_weight_sync), no checkpoint; it exits 0 when the gates fail, as
+# they must, and 6 when they pass (they cannot see a broken sync).
 set -uo pipefail
 record=${1:?usage: ci/gpu_smoke.sh RECORD_DIR [--set KEY=VALUE ...]}
 shift
@@ -35,26 +38,49 @@ if want imports; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || exit 5
 fi
 
+# grpo_run OUT [--set ...]: one engine run of the recipe with nvidia-smi sampling, its records kept
+grpo_run() {
+    local out=$1 code smi
+    shift
+    rm -rf "$out"  # engine run refuses a non-empty --out: nothing may be written there before it
+    nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader -lms 500 \
+        >"$record/nvidia-smi.csv" 2>/dev/null &
+    smi=$!
+    $py -m engine run "$recipe" --device gpu --set actor.strategy=fsdp2 "$@" --out "$out"
+    code=$?
+    kill $smi 2>/dev/null
+    cp "$out"/run.json "$out"/recipe.yaml "$out"/metrics.jsonl "$out"/overrides.txt "$record/" 2>/dev/null
+    gzip -c "$out"/train.log >"$record/train.log.gz"
+    return $code
+}
+
 model=$(PYTHONPATH=${PYTHONPATH:-$PWD} $py -c \
     "import sys; from engine.recipes import loader; print(loader.load(sys.argv[1], 'gpu').model.path)" "$recipe")
 [ -n "$model" ] || { echo "cannot read model.path of $recipe"; exit 3; }
+if want run || want no_sync; then
+    stage assets
+    [ -f results/assets/data/synthetic/train.parquet ] || $py -m engine assets --out results/assets || exit 3
+    [ -f "$model/config.json" ] || $py -m benchmarks.gpu_bench make-model --model "${MODEL:-Qwen3.5-0.8B}" \
+        --out "$model" || exit 3
+fi
 if want run; then
-stage assets
-[ -f results/assets/data/synthetic/train.parquet ] || $py -m engine assets --out results/assets || exit 3
-[ -f "$model/config.json" ] || $py -m benchmarks.gpu_bench make-model --model "${MODEL:-Qwen3.5-0.8B}" \
-    --out "$model" || exit 3
+    stage run
+    grpo_run $run "$@"
+    code=$?
+    [ $code -eq 0 ] || { echo "run failed ($code)"; exit $code; }
+fi
 
-stage run
-rm -rf $run  # engine run refuses a non-empty --out: nothing may be written there before it
-nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader -lms 500 \
-    >"$record/nvidia-smi.csv" 2>/dev/null &
-smi=$!
-$py -m engine run "$recipe" --device gpu --set actor.strategy=fsdp2 "$@" --out $run
-code=$?
-kill $smi 2>/dev/null
-cp $run/run.json $run/recipe.yaml $run/metrics.jsonl $run/overrides.txt "$record/" 2>/dev/null
-gzip -c $run/train.log >"$record/train.log.gz"
-[ $code -eq 0 ] || { echo "run failed ($code)"; exit $code; }
+if want no_sync; then
+    stage no_sync
+    ENGINE_TEST_BREAK=no_weight_sync grpo_run ${run}_no_sync "$@" --set trainer.save_freq=-1
+    echo "run exit $? (3: a gate failed)"
+    $py -m engine smoke-report ${run}_no_sync >"$record/report.txt" 2>&1
+    gates=$?
+    cp ${run}_no_sync/smoke_report.json "$record/" 2>/dev/null
+    tail -12 "$record/report.txt"
+    [ $gates -eq 1 ] && { echo "gates failed, as they must"; exit 0; }
+    echo "gates exit $gates: the broken sync was not caught"
+    exit 6
 fi
 want post || exit 0
 

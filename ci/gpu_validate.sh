@@ -63,17 +63,8 @@ if [ -n "${WHEELHOUSE:-}" ]; then
 fi
 
 # 4. the same run with the weight sync broken: its gates must fail
-broken=results/smoke_qwen35_0p8b_h200_no_sync
-rm -rf $broken
-ENGINE_TEST_BREAK=no_weight_sync $py -m engine run smoke_qwen35_0p8b_h200 --device gpu \
-    --set actor.strategy=fsdp2 "$@" --set trainer.save_freq=-1 --out $broken \
-    >"$record/no_sync-run.log" 2>&1
-done_stage no_sync-run $?
-mkdir -p "$record/no_sync"
-cp $broken/run.json $broken/recipe.yaml $broken/metrics.jsonl "$record/no_sync/" 2>/dev/null
-$py -m engine smoke-report $broken >"$record/no_sync/report.txt" 2>&1
-done_stage "no_sync-report (1 = gates failed, as they must)" $?
-cp $broken/smoke_report.json "$record/no_sync/" 2>/dev/null
+STAGES=no_sync bash ci/gpu_smoke.sh "$record/no_sync" "$@" >"$record/no_sync-run.log" 2>&1
+done_stage "no_sync (0 = gates failed, as they must)" $?
 if [ -n "$grad" ]; then
     wait $grad
     done_stage gdn_grad-machine-triton $?
