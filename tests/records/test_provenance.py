@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +10,7 @@ import pytest
 from engine.errors import UserError
 from engine.records import provenance, rerun
 from engine.run import redact
+from tests.conftest import Launch, Published, engine
 from tests.support.runs import SECRETS, fake_run
 
 
@@ -143,35 +141,22 @@ def _check_record_and_card(run: Path, export: Path, cache: Path) -> None:
 
 
 @pytest.mark.slow
-def test_tiny_run_with_planted_secrets_leaves_none_on_disk_and_reruns(tmp_path: Path) -> None:
-    """A whole tiny CPU run (train, checkpoint, export, record) with credentials in its environment."""
-    pytest.importorskip("verl")
-    env = os.environ | SECRETS
-    run = tmp_path / "run"
-
-    def engine(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "engine", *args], env=env, capture_output=True, text=True
-        )
-
-    result = engine("run", "tiny_cpu", "--device", "cpu", "--out", str(run))
-    assert result.returncode == 0, result.stderr[-2000:]
-    exported = engine(
-        "export", str(run / "checkpoints"), "--out", str(tmp_path / "export"), "--verify-logits"
-    )
-    assert exported.returncode == 0, exported.stderr[-2000:]
-    wrote = engine("provenance", "write", str(run), "--export", str(tmp_path / "export"))
-    assert wrote.returncode == 0, wrote.stderr[-2000:]
+def test_tiny_run_with_planted_secrets_leaves_none_on_disk_and_reruns(
+    tiny_cpu_run: Launch, tiny_cpu_published: Published, tiny_cpu_rerun: Launch
+) -> None:
+    """A whole tiny CPU run (train, checkpoint, export, record, rerun) with credentials in its
+    environment (the session's run, tests/conftest.py)."""
+    run, export = tiny_cpu_run.out, tiny_cpu_published.export
     assert engine("provenance", "verify", str(run)).returncode == 0
-    _check_record_and_card(run, tmp_path / "export", tmp_path / "validator-cache")
-    for out in (result, exported, wrote):
+    _check_record_and_card(run, export, run.parent / "validator-cache")
+    assert tiny_cpu_rerun.proc.returncode == 0, tiny_cpu_rerun.why()
+    assert "step metrics reproduced" in tiny_cpu_rerun.proc.stdout
+    outputs = (tiny_cpu_run.proc, tiny_cpu_published.exported, tiny_cpu_published.wrote, tiny_cpu_rerun.proc)
+    for out in outputs:
         for value in SECRETS.values():
             assert value not in out.stdout + out.stderr
-    for path in tmp_path.rglob("*"):
+    for path in [*run.parent.rglob("*"), *tiny_cpu_rerun.out.rglob("*")]:
         if path.is_file():
             data = path.read_bytes()
             for value in SECRETS.values():
                 assert value.encode() not in data, f"{value[:6]}... found in {path}"
-    rerun = engine("rerun", str(run), "--out", str(tmp_path / "rerun"))
-    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-2000:]
-    assert "step metrics reproduced" in rerun.stdout

@@ -1,16 +1,17 @@
 """Real verl GRPO on CPU: `engine run tiny_cpu` / `tiny_moe_cpu` train 2 steps through verl's main_ppo,
-checkpoint, export with verl's model merger, and repeat bit-for-bit at step 1 with the same seed."""
+checkpoint, export with verl's model merger, and repeat bit-for-bit at step 1 with the same seed (the
+session's tiny run and its `engine rerun`, tests/conftest.py)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from engine.data import assets
+from tests.conftest import ROOT, Launch, engine
 
 pytestmark = pytest.mark.slow
 MERGE = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
@@ -29,42 +30,18 @@ STEP1_MEANS = ("critic/score/mean", "critic/advantages/max", "critic/advantages/
 STEP1_REDUCTIONS = ("actor/pg_loss", "actor/grad_norm", "actor/entropy")
 
 
-@pytest.fixture(scope="module")
-def tiny_assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.data import assets
-
-    out = tmp_path_factory.mktemp("cpu-run-assets")
-    assets.build_all(out, seed=0)
-    return out
+def _run(recipe: str, out: Path, assets_dir: Path, model: str) -> Launch:
+    sets = [arg for item in assets.recipe_sets(assets_dir, model) for arg in ("--set", item)]
+    launch = Launch(out, engine("run", recipe, "--device", "cpu", "--out", str(out), *sets))
+    assert launch.proc.returncode == 0, launch.why()
+    return launch
 
 
-def _run(recipe: str, out: Path, assets_dir: Path, model: str) -> dict:
-    sets = [
-        f"model.path={assets_dir / model}",
-        f"data.train_files={assets_dir / 'data/synthetic/train.parquet'}",
-        f"data.val_files={assets_dir / 'data/synthetic/test.parquet'}",
-    ]
-    command = [sys.executable, "-m", "engine", "run", recipe, "--device", "cpu", "--out", str(out)]
-    command += [arg for item in sets for arg in ("--set", item)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    log = (out / "train.log").read_text(errors="replace") if (out / "train.log").exists() else ""
-    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{log[-5000:]}"
-    record = json.loads((out / "run.json").read_text())
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {"record": record, "rows": rows, "stdout": done.stdout}
-
-
-@pytest.fixture(scope="module")
-def dense_run(tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path) -> dict:
-    out = tmp_path_factory.mktemp("tiny_cpu")
-    return _run("tiny_cpu", out, tiny_assets, "tiny-qwen35") | {"out": out}
-
-
-def test_two_grpo_steps_learn_and_sync(dense_run: dict) -> None:
-    record, rows = dense_run["record"], dense_run["rows"]
+def test_two_grpo_steps_learn_and_sync(tiny_cpu_run: Launch) -> None:
+    record, rows = tiny_cpu_run.record, tiny_cpu_run.rows
     assert record["status"] == "ok" and record["exit_code"] == 0
     assert [row["step"] for row in rows] == [1, 2]
-    assert "step 1/2" in dense_run["stdout"] and "step 2/2" in dense_run["stdout"]
+    assert "step 1/2" in tiny_cpu_run.proc.stdout and "step 2/2" in tiny_cpu_run.proc.stdout
     for row in rows:
         data = row["data"]
         assert data["actor/grad_norm"] > 0
@@ -72,12 +49,14 @@ def test_two_grpo_steps_learn_and_sync(dense_run: dict) -> None:
         assert data["training/rollout_probs_diff_max"] < 1e-3  # rollout weights == actor weights
 
 
-def test_checkpoint_exports_and_differs_from_init(dense_run: dict, tiny_assets: Path, tmp_path: Path) -> None:
+def test_checkpoint_exports_and_differs_from_init(
+    tiny_cpu_run: Launch, tiny_assets: Path, tmp_path: Path
+) -> None:
     import torch
     import transformers
     from safetensors.torch import load_file
 
-    ckpt = dense_run["out"] / "checkpoints"
+    ckpt = tiny_cpu_run.out / "checkpoints"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     actor = ckpt / "global_step_2" / "actor"
     assert (actor / "model_world_size_1_rank_0.pt").exists()
@@ -106,9 +85,10 @@ def test_checkpoint_exports_and_differs_from_init(dense_run: dict, tiny_assets: 
     assert len(changed) >= 0.9 * len(text_params)
 
 
-def test_same_seed_same_step1_metrics(dense_run: dict, tiny_assets: Path, tmp_path: Path) -> None:
-    again = _run("tiny_cpu", tmp_path / "again", tiny_assets, "tiny-qwen35")
-    first, second = dense_run["rows"][0]["data"], again["rows"][0]["data"]
+def test_same_seed_same_step1_metrics(tiny_cpu_run: Launch, tiny_cpu_rerun: Launch) -> None:
+    """`engine rerun` relaunches the recorded run; with the same seed step 1 repeats."""
+    assert tiny_cpu_rerun.proc.returncode == 0, tiny_cpu_rerun.why()
+    first, second = tiny_cpu_run.rows[0]["data"], tiny_cpu_rerun.rows[0]["data"]
     for key in STEP1_EXACT:
         assert second[key] == first[key], key
     for key in STEP1_MEANS:
@@ -119,7 +99,7 @@ def test_same_seed_same_step1_metrics(dense_run: dict, tiny_assets: Path, tmp_pa
 
 def test_moe_two_steps(tmp_path: Path, tiny_assets: Path) -> None:
     run = _run("tiny_moe_cpu", tmp_path / "moe", tiny_assets, "tiny-qwen35-moe")
-    assert run["record"]["status"] == "ok"
-    assert [row["step"] for row in run["rows"]] == [1, 2]
-    assert all(row["data"]["actor/grad_norm"] > 0 for row in run["rows"])
+    assert run.record["status"] == "ok"
+    assert [row["step"] for row in run.rows] == [1, 2]
+    assert all(row["data"]["actor/grad_norm"] > 0 for row in run.rows)
     assert (tmp_path / "moe" / "checkpoints" / "global_step_2" / "actor").is_dir()
