@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.support.workflow import workflow_copy
 
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 FIVE = {"prepare_data", "smoke", "train", "export", "provenance"}
@@ -22,20 +22,9 @@ TARGETS = ["run_qwen35_35b", "run_qwen35_27b", "smoke_cpu", "learn_cpu", "ci_smo
 CPU_TARGETS = ("smoke_cpu", "learn_cpu")
 
 
-def _workdir(tmp_path: Path) -> Path:
-    """A copy of the workflow and recipes: Snakemake reads and writes results/ and .snakemake/ there,
-    never in the checkout, whatever a user left in it."""
-    work = tmp_path / "wf"
-    work.mkdir()
-    for name in ("Snakefile", "workflow", "recipes", "profiles"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, work / name)
-    return work
-
-
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _workdir(tmp_path_factory.mktemp("workflow"))
+    return workflow_copy(tmp_path_factory.mktemp("workflow"))
 
 
 def snakemake(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -152,7 +141,7 @@ def _check_records(results: Path, cache: Path) -> None:
 def test_smoke_cpu_chain_noop_rerun_and_resume_after_kill(tmp_path: Path) -> None:
     """Real chain on CPU: data, 1-step smoke, 3-step train (killed after step 1, then resumed),
     export, provenance, curves; a second invocation has nothing to do."""
-    work = _workdir(tmp_path)
+    work = workflow_copy(tmp_path)
     env = os.environ | {"PYTHONPATH": str(ROOT)}
     args = [str(SNAKEMAKE), "--cores", "2", "--profile", "profiles/local", "smoke_cpu"]
     args += ["--config", "sets=[trainer.save_freq=1,trainer.total_training_steps=3]"]

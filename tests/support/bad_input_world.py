@@ -20,11 +20,19 @@ Main = Callable[[list[str]], int]
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    """Every path under root -> sha256 of its bytes ('dir' for directories)."""
+    """Every path under root -> sha256 of a regular file's bytes, a link's target, or its kind. Links
+    are not followed and special files not read: a rootfs under results/ holds links to /dev/zero."""
     found = {}
     for path in sorted(root.rglob("*")):
         rel = str(path.relative_to(root))
-        found[rel] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+        if path.is_symlink():
+            found[rel] = f"link {os.readlink(path)}"
+        elif path.is_dir():
+            found[rel] = "dir"
+        elif path.is_file():
+            found[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            found[rel] = "special"
     return found
 
 
