@@ -5,60 +5,33 @@ with the rollout sampling from the trained weights at every step, and a run whos
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from engine.data import assets as tiny_assets
+from engine.data import assets
 from engine.run import gates
-from engine.run.rundir import read_metrics
 from engine.runtime import mutations
-from tests.conftest import ROOT
+from tests.conftest import ROOT, Launch, engine
 
 pytestmark = pytest.mark.slow
 RECIPE = "tiny_cpu_learn"
 
 
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.data import assets as tiny
-
-    out = tmp_path_factory.mktemp("learn-assets")
-    tiny.build_all(out, seed=0)
-    return out
-
-
-def engine_run(out: Path, assets: Path, *sets: str, env: dict[str, str] | None = None) -> dict:
-    """`engine run tiny_cpu_learn` on the given assets; returns exit code, run record and metric rows."""
-    command = [sys.executable, "-m", "engine", "run", RECIPE, "--device", "cpu", "--out", str(out)]
-    for item in (*tiny_assets.recipe_sets(assets), *sets):
-        command += ["--set", item]
-    done = subprocess.run(
-        command, cwd=ROOT, env=dict(os.environ) | (env or {}), capture_output=True, text=True, timeout=1200
-    )
-    record = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
-    log = (out / "train.log").read_text(errors="replace") if (out / "train.log").exists() else ""
-    return {
-        "code": done.returncode,
-        "record": record,
-        "rows": read_metrics(out / "metrics.jsonl"),
-        "stdout": done.stdout,
-        "why": f"{done.stdout[-3000:]}\n{done.stderr[-2000:]}\n{log[-4000:]}",
-    }
+def engine_run(out: Path, assets_dir: Path, *sets: str, env: dict[str, str] | None = None) -> Launch:
+    """`engine run tiny_cpu_learn` on the assets in assets_dir."""
+    items = [arg for item in (*assets.recipe_sets(assets_dir), *sets) for arg in ("--set", item)]
+    return Launch(out, engine("run", RECIPE, "--device", "cpu", "--out", str(out), *items, env=env))
 
 
 def gate(record: dict, name: str) -> dict:
     return next(item for item in record["gates"] if item["name"] == name)
 
 
-def test_learning_run_passes_every_gate_and_draws_its_curves(assets: Path, tmp_path: Path) -> None:
-    run = engine_run(tmp_path / "run", assets)
-    assert run["code"] == 0, run["why"]
-    record, rows = run["record"], run["rows"]
+def test_learning_run_passes_every_gate_and_draws_its_curves(tiny_assets: Path, tmp_path: Path) -> None:
+    run = engine_run(tmp_path / "run", tiny_assets)
+    assert run.proc.returncode == 0, run.why()
+    record, rows = run.record, run.rows
     assert [row["step"] for row in rows] == list(range(1, record["target_steps"] + 1))
     assert {item["name"]: item["status"] for item in record["gates"]} == {
         "rollout_actor_agreement": "pass",
@@ -66,7 +39,7 @@ def test_learning_run_passes_every_gate_and_draws_its_curves(assets: Path, tmp_p
         "grpo_signal": "pass",
         "learning": "pass",
     }
-    assert "gate learning: PASS" in run["stdout"]
+    assert "gate learning: PASS" in run.proc.stdout
     # the criterion recomputed from the metrics file, independently of the gate code
     k, margin = gates.LEARNING[RECIPE].window, gates.LEARNING[RECIPE].margin
     rewards = [row["data"]["critic/score/mean"] for row in rows]
@@ -85,23 +58,23 @@ def test_learning_run_passes_every_gate_and_draws_its_curves(assets: Path, tmp_p
 
 
 def test_broken_weight_sync_fails_the_agreement_gate_after_the_first_update(
-    assets: Path, tmp_path: Path
+    tiny_assets: Path, tmp_path: Path
 ) -> None:
     run = engine_run(
         tmp_path / "nosync",
-        assets,
+        tiny_assets,
         "trainer.total_training_steps=3",
         "trainer.save_freq=-1",
         env={mutations.ENV: mutations.NO_WEIGHT_SYNC},
     )
-    assert run["code"] == gates.EXIT_GATE_FAILED, run["why"]
+    assert run.proc.returncode == gates.EXIT_GATE_FAILED, run.why()
     assert "TEST-ONLY BREAKAGE no_weight_sync" in (tmp_path / "nosync" / "train.log").read_text()
-    record = run["record"]
+    record = run.record
     assert record["status"] == "failed" and record["exit_code"] == 0  # verl itself saw nothing wrong
     agreement = gate(record, "rollout_actor_agreement")
     assert agreement["status"] == "fail" and agreement["first_failed_step"] == 2, agreement
     assert gate(record, "learning")["status"] == "skip"  # 3 steps are too few for the criterion
     cpu = gates.AGREEMENT["cpu"]
-    gaps = [row["data"][cpu.metric] for row in run["rows"]]
+    gaps = [row["data"][cpu.metric] for row in run.rows]
     assert gaps[0] <= cpu.limit < min(gaps[1:]), gaps  # both start from the initial weights; then they part
-    assert "gate(s) rollout_actor_agreement failed" in run["stdout"]
+    assert "gate(s) rollout_actor_agreement failed" in run.proc.stdout
