@@ -91,19 +91,30 @@ def engine(
     )
 
 
+def run_recipe(
+    recipe: str,
+    out: Path,
+    assets_dir: Path,
+    *sets: str,
+    model: str = "tiny-qwen35",
+    env: dict[str, str] | None = None,
+) -> Launch:
+    """`engine run RECIPE --device cpu` on the tiny assets in assets_dir (engine.data.assets) and sets."""
+    from engine.data import assets
+
+    items = [arg for item in (*assets.recipe_sets(assets_dir, model), *sets) for arg in ("--set", item)]
+    return Launch(out, engine("run", recipe, "--device", "cpu", "--out", str(out), *items, env=env))
+
+
 @pytest.fixture(scope="session")
 def tiny_cpu_run(tmp_path_factory: pytest.TempPathFactory, tiny_assets: Path) -> Launch:
     """`engine run tiny_cpu` (2 GRPO steps through verl's main_ppo, checkpoint at step 2) with
     credentials planted in its environment (tests/support/runs.py SECRETS): the provenance tests check
     that none reaches disk, the run tests check what it trained."""
-    from engine.data import assets
     from tests.support.runs import SECRETS
 
-    out = tmp_path_factory.mktemp("tiny-cpu-run") / "run"
-    sets = [arg for item in assets.recipe_sets(tiny_assets) for arg in ("--set", item)]
-    proc = engine("run", "tiny_cpu", "--device", "cpu", "--out", str(out), *sets, env=SECRETS)
-    launch = Launch(out, proc)
-    assert proc.returncode == 0, launch.why()
+    launch = run_recipe("tiny_cpu", tmp_path_factory.mktemp("tiny-cpu-run") / "run", tiny_assets, env=SECRETS)
+    assert launch.proc.returncode == 0, launch.why()
     return launch
 
 

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.data import assets
-from tests.conftest import ROOT, Launch, engine
+from tests.conftest import ROOT, Launch, run_recipe
 
 pytestmark = pytest.mark.slow
 MERGE = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
@@ -28,13 +27,6 @@ STEP1_EXACT = (
 STEP1_MEANS = ("critic/score/mean", "critic/advantages/max", "critic/advantages/min")
 # Float32 reductions over the model, summed over micro-batches in that order (seen 7.5e-5 apart).
 STEP1_REDUCTIONS = ("actor/pg_loss", "actor/grad_norm", "actor/entropy")
-
-
-def _run(recipe: str, out: Path, assets_dir: Path, model: str) -> Launch:
-    sets = [arg for item in assets.recipe_sets(assets_dir, model) for arg in ("--set", item)]
-    launch = Launch(out, engine("run", recipe, "--device", "cpu", "--out", str(out), *sets))
-    assert launch.proc.returncode == 0, launch.why()
-    return launch
 
 
 def test_two_grpo_steps_learn_and_sync(tiny_cpu_run: Launch) -> None:
@@ -98,7 +90,8 @@ def test_same_seed_same_step1_metrics(tiny_cpu_run: Launch, tiny_cpu_rerun: Laun
 
 
 def test_moe_two_steps(tmp_path: Path, tiny_assets: Path) -> None:
-    run = _run("tiny_moe_cpu", tmp_path / "moe", tiny_assets, "tiny-qwen35-moe")
+    run = run_recipe("tiny_moe_cpu", tmp_path / "moe", tiny_assets, model="tiny-qwen35-moe")
+    assert run.proc.returncode == 0, run.why()
     assert run.record["status"] == "ok"
     assert [row["step"] for row in run.rows] == [1, 2]
     assert all(row["data"]["actor/grad_norm"] > 0 for row in run.rows)

@@ -9,19 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.data import assets
 from engine.run import gates
 from engine.runtime import mutations
-from tests.conftest import ROOT, Launch, engine
+from tests.conftest import ROOT, run_recipe
 
 pytestmark = pytest.mark.slow
 RECIPE = "tiny_cpu_learn"
-
-
-def engine_run(out: Path, assets_dir: Path, *sets: str, env: dict[str, str] | None = None) -> Launch:
-    """`engine run tiny_cpu_learn` on the assets in assets_dir."""
-    items = [arg for item in (*assets.recipe_sets(assets_dir), *sets) for arg in ("--set", item)]
-    return Launch(out, engine("run", RECIPE, "--device", "cpu", "--out", str(out), *items, env=env))
 
 
 def gate(record: dict, name: str) -> dict:
@@ -29,7 +22,7 @@ def gate(record: dict, name: str) -> dict:
 
 
 def test_learning_run_passes_every_gate_and_draws_its_curves(tiny_assets: Path, tmp_path: Path) -> None:
-    run = engine_run(tmp_path / "run", tiny_assets)
+    run = run_recipe(RECIPE, tmp_path / "run", tiny_assets)
     assert run.proc.returncode == 0, run.why()
     record, rows = run.record, run.rows
     assert [row["step"] for row in rows] == list(range(1, record["target_steps"] + 1))
@@ -60,7 +53,8 @@ def test_learning_run_passes_every_gate_and_draws_its_curves(tiny_assets: Path, 
 def test_broken_weight_sync_fails_the_agreement_gate_after_the_first_update(
     tiny_assets: Path, tmp_path: Path
 ) -> None:
-    run = engine_run(
+    run = run_recipe(
+        RECIPE,
         tmp_path / "nosync",
         tiny_assets,
         "trainer.total_training_steps=3",

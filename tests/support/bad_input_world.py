@@ -21,7 +21,7 @@ Main = Callable[[list[str]], int]
 
 def snapshot(root: Path) -> dict[str, str]:
     """Every path under root -> sha256 of a regular file's bytes, a link's target, or its kind. Links
-    are not followed and special files not read: a rootfs under results/ holds links to /dev/zero."""
+    are not followed, special files not read (a rootfs under results/ holds /dev/console: a read blocks)."""
     found = {}
     for path in sorted(root.rglob("*")):
         rel = str(path.relative_to(root))
