@@ -101,7 +101,21 @@ def build(root: Path) -> Path:
     actor.mkdir(parents=True)
     (actor / "model_world_size_1_rank_0.pt").write_bytes(b"weights")
     (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("1")
-    resolved = loader.load("tiny_cpu", "cpu")
+    from engine.data import prepare
+
+    # prepared data with an unrelated file beside it, and a folder that looks half-written
+    prepare.prepare("synthetic", root / "data", seed=0, sizes=(4, 2))
+    (root / "data" / "README").write_text("mine\n")
+    (root / "half_data").mkdir()
+    (root / "half_data" / "train.parquet").write_bytes(b"PAR1 half")
+    # the record's inputs are the world's own files: the checkout's results/ fills up while other
+    # workers run, and a record that counted them would change under the tests
+    world_inputs = [
+        f"model.path={model}",
+        f"data.train_files={root / 'data' / 'train.parquet'}",
+        f"data.val_files={root / 'data' / 'test.parquet'}",
+    ]
+    resolved = loader.load("tiny_cpu", "cpu", world_inputs)
     (run / "recipe.yaml").write_text(loader.to_yaml(resolved))
     (run / "overrides.txt").write_text("trainer.total_training_steps=1\n")
     (run / "launch.sh").write_text("#!/usr/bin/env bash\n")
@@ -123,13 +137,6 @@ def build(root: Path) -> Path:
         (bench / name).mkdir(parents=True)
         (bench / name / "metrics.jsonl").write_text("{}\n")
     (bench / "bench.json").write_text("{}\n")
-    # prepared data with an unrelated file beside it, and a folder that looks half-written
-    from engine.data import prepare
-
-    prepare.prepare("synthetic", root / "data", seed=0, sizes=(4, 2))
-    (root / "data" / "README").write_text("mine\n")
-    (root / "half_data").mkdir()
-    (root / "half_data" / "train.parquet").write_bytes(b"PAR1 half")
     return root
 
 
