@@ -26,8 +26,17 @@ def test_launch_module_stays_light() -> None:
     assert done.stdout.strip() == "[]"
 
 
+def model_dir(tmp_path: Path) -> Path:
+    """A model directory for tiny_cpu, so planning builds no tiny assets into the checkout's results/."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen3_5"}')
+    return model
+
+
 def test_plan_carries_run_directory_and_file_logger(tmp_path: Path) -> None:
-    p = launcher.build_plan("tiny_cpu", "cpu", ["trainer.total_training_steps=1"], tmp_path)
+    sets = ["trainer.total_training_steps=1", f"model.path={model_dir(tmp_path)}"]
+    p = launcher.build_plan("tiny_cpu", "cpu", sets, tmp_path)
     overrides = p.overrides
     assert f"trainer.default_local_dir={tmp_path / 'checkpoints'}" in overrides
     assert "trainer.logger=[console,file]" in overrides
@@ -42,7 +51,8 @@ def test_run_refuses_when_preflight_finds_problems(tmp_path: Path, capsys: pytes
     missing = tmp_path / "nowhere.parquet"
     run = str(tmp_path / "run")
     bad = f"data.train_files={missing}"
-    code = main(["run", "tiny_cpu", "--device", "cpu", "--out", run, "--set", bad])
+    sets = ["--set", bad, "--set", f"model.path={model_dir(tmp_path)}"]
+    code = main(["run", "tiny_cpu", "--device", "cpu", "--out", run, *sets])
     assert code == 2
     assert f"data.train_files {missing}: file not found" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # nothing was launched, nothing created
