@@ -9,8 +9,10 @@
 #   4. the vLLM-rollout GRPO run with the weight sync checked after each update, its gates, the export
 #      with --verify-logits and the drift (ci/gpu_smoke.sh run post);
 #   5. the same run with the weight sync broken: the MoE agreement gate must fail (ci/gpu_smoke.sh no_sync).
-# Usage: WHEELHOUSE=DIR [BENCH=0] ci/gpu_moe.sh RECORD_DIR [--set KEY=VALUE ...] (the sets go to both GRPO
-# runs; BENCH=0 leaves out stage 3).
+# Usage: WHEELHOUSE=DIR [BENCH=0] [ONE_RUN=1] ci/gpu_moe.sh RECORD_DIR [--set KEY=VALUE ...] (the sets go
+# to both GRPO runs; BENCH=0 leaves out stage 3). ONE_RUN=1, for an allocation too short for two GRPO runs
+# of this model (~10 min each with start-up): only the control runs, keeps its checkpoint (its actor
+# trains as usual; only vLLM's copy stays stale), and the export and report of stage 4 take that one.
 # Each stage's output lands in RECORD_DIR as it finishes; stages.txt lists each stage with its exit status.
 # ~20 min on one H200: start it detached (setsid) where a session's commands are time-limited.
 set -uo pipefail
@@ -50,6 +52,17 @@ if [ "${BENCH:-1}" != 0 ]; then
         >"$record/bench.log" 2>&1
     done_stage bench $?
     kill $smi 2>/dev/null
+fi
+
+if [ "${ONE_RUN:-0}" = 1 ]; then
+    NO_SYNC_CHECKPOINT=1 STAGES=no_sync bash ci/gpu_smoke.sh "$record/no_sync" "$@" >"$record/no_sync-run.log" 2>&1
+    done_stage "no_sync with checkpoint (0 = gates failed, as they must)" $?
+    df -h . >>"$record/disk.txt" 2>&1
+    POST_RUN=results/${RECIPE}_no_sync STAGES=post bash ci/gpu_smoke.sh "$record/no_sync" "$@" \
+        >"$record/no_sync-post.log" 2>&1
+    done_stage "export+report of the control's checkpoint (1 = its gates failed, as they must)" $?
+    done_stage all 0
+    exit 0
 fi
 
 STAGES=run bash ci/gpu_smoke.sh "$record/smoke" "$@" >"$record/smoke-run.log" 2>&1

@@ -10,7 +10,9 @@
 # the first failing stage.
 # The opt-in stage no_sync (STAGES=no_sync, its own RECORD_DIR) is the control: the same run with the
 # weight sync broken (ENGINE_TEST_BREAK=no_weight_sync), no checkpoint; it exits 0 when the gates fail, as
-# they must, and 6 when they pass (they cannot see a broken sync).
+# they must, and 6 when they pass (they cannot see a broken sync). NO_SYNC_CHECKPOINT=1 keeps its
+# checkpoint (the actor trains as usual; only the rollout's copy stays stale) and POST_RUN=DIR points the
+# post stage at that run: one GRPO run then gives both the control and an exported trained checkpoint.
 set -uo pipefail
 record=${1:?usage: ci/gpu_smoke.sh RECORD_DIR [--set KEY=VALUE ...]}
 shift
@@ -72,7 +74,9 @@ fi
 
 if want no_sync; then
     stage no_sync
-    ENGINE_TEST_BREAK=no_weight_sync grpo_run ${run}_no_sync "$@" --set trainer.save_freq=-1
+    no_save=(--set trainer.save_freq=-1)
+    [ "${NO_SYNC_CHECKPOINT:-0}" = 1 ] && no_save=()
+    ENGINE_TEST_BREAK=no_weight_sync grpo_run ${run}_no_sync "$@" "${no_save[@]}"
     echo "run exit $? (3: a gate failed)"
     $py -m engine smoke-report ${run}_no_sync >"$record/report.txt" 2>&1
     gates=$?
@@ -83,6 +87,7 @@ if want no_sync; then
     exit 6
 fi
 want post || exit 0
+run=${POST_RUN:-$run}
 
 stage export
 $py -m engine export $run/checkpoints --out $run/export --verify-logits 2>&1 | tail -15
