@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -107,3 +108,14 @@ def test_recorded_moe_run_is_judged_by_the_moe_bound() -> None:
     failed = [g for g in smoke_report.run_gates(smoke_report.read_metrics(RECORDS / "no_sync/metrics.jsonl"),
                                                 0.01, None, moe=True) if g.status == "fail"]  # fmt: skip
     assert [(g.name, g.first_failed_step) for g in failed] == [("rollout_probs_corr", 2)]
+
+
+def test_recorded_moe_broken_sync_fails_the_moe_bound_at_step_2() -> None:
+    """The 35B-A3B shape on 1x H200 with vLLM's weight sync broken (docs/performance.md, 2026-12-03):
+    synced at step 1 (0.936, as healthy), then 0.531, 0.380, 0.188 as the actor moves away."""
+    broken = smoke_report.report(ROOT / "docs/records/h200-moe-2026-12-03/no_sync", 0.01, None)
+    assert broken["thresholds"]["rollout_actor_probs_corr"] == 0.9  # read as MoE from its recipe
+    failed = [g for g in broken["gates"] if g["status"] == "fail"]
+    assert [(g["name"], g["first_failed_step"]) for g in failed] == [("rollout_probs_corr", 2)]
+    corr = [s["probs_corr"] for s in broken["steps"]]
+    assert corr[0] >= 0.9 and all(b < a for a, b in itertools.pairwise(corr))
