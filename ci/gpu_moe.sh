@@ -58,8 +58,7 @@ if [ "${ONE_RUN:-0}" = 1 ]; then
     NO_SYNC_CHECKPOINT=1 STAGES=no_sync bash ci/gpu_smoke.sh "$record/no_sync" "$@" >"$record/no_sync-run.log" 2>&1
     done_stage "no_sync with checkpoint (0 = gates failed, as they must)" $?
     df -h . >>"$record/disk.txt" 2>&1
-    POST_RUN=results/${RECIPE}_no_sync STAGES=post bash ci/gpu_smoke.sh "$record/no_sync" "$@" \
-        >"$record/no_sync-post.log" 2>&1
+    NO_SYNC_CHECKPOINT=1 STAGES=post bash ci/gpu_smoke.sh "$record/no_sync" "$@" >"$record/no_sync-post.log" 2>&1
     done_stage "export+report of the control's checkpoint (1 = its gates failed, as they must)" $?
     done_stage all 0
     exit 0

@@ -11,8 +11,8 @@
 # The opt-in stage no_sync (STAGES=no_sync, its own RECORD_DIR) is the control: the same run with the
 # weight sync broken (ENGINE_TEST_BREAK=no_weight_sync), no checkpoint; it exits 0 when the gates fail, as
 # they must, and 6 when they pass (they cannot see a broken sync). NO_SYNC_CHECKPOINT=1 keeps its
-# checkpoint (the actor trains as usual; only the rollout's copy stays stale) and POST_RUN=DIR points the
-# post stage at that run: one GRPO run then gives both the control and an exported trained checkpoint.
+# checkpoint (the actor trains as usual; only the rollout's copy stays stale) and points the post stage
+# at that run: one GRPO run then gives both the control and an exported trained checkpoint.
 set -uo pipefail
 record=${1:?usage: ci/gpu_smoke.sh RECORD_DIR [--set KEY=VALUE ...]}
 shift
@@ -87,7 +87,7 @@ if want no_sync; then
     exit 6
 fi
 want post || exit 0
-run=${POST_RUN:-$run}
+[ "${NO_SYNC_CHECKPOINT:-0}" = 1 ] && run=${run}_no_sync
 
 stage export
 $py -m engine export $run/checkpoints --out $run/export --verify-logits 2>&1 | tail -15
