@@ -25,6 +25,7 @@ report: "workflow/report/workflow.rst"
 
 wildcard_constraints:
     recipe="|".join(RECIPES),
+    model="|".join(re.escape(name) for name in RANDOM_MODELS),
 
 
 include: "workflow/rules/data.smk"
@@ -35,32 +36,32 @@ include: "workflow/rules/report.smk"
 
 rule smoke_cpu:
     input:
-        targets(TARGETS["smoke_cpu"]),
+        lambda wc: targets(recipe_of("smoke_cpu")),
 
 
 rule learn_cpu:
     input:
-        targets(TARGETS["learn_cpu"]),
+        lambda wc: targets(recipe_of("learn_cpu")),
 
 
 rule run_qwen35_35b:
     input:
-        targets(TARGETS["run_qwen35_35b"]),
+        lambda wc: targets(recipe_of("run_qwen35_35b")),
 
 
 rule run_qwen35_27b:
     input:
-        targets(TARGETS["run_qwen35_27b"]),
+        lambda wc: targets(recipe_of("run_qwen35_27b")),
 
 
 rule ci_smoke_gpu:
     input:
-        targets(TARGETS["ci_smoke_gpu"]),
+        lambda wc: targets(recipe_of("ci_smoke_gpu")),
 
 
 rule ci_smoke_npu:
     input:
-        targets(TARGETS["ci_smoke_npu"]),
+        lambda wc: targets(recipe_of("ci_smoke_npu")),
 
 
 rule run:

@@ -7,11 +7,10 @@ ceiling) and verl's FSDP2 engine (`EngineRegistry`, GRPO's `ppo_loss`) padded an
 flash-linear-attention with its Triton causal conv1d (`fla`). Throughput counts every token of the
 batch; MFU uses 6 x N x tokens/s against the device's dense bf16 peak.
 
-`make-model` writes the random-init models (and the tiny tokenizer) the GPU recipes and this benchmark
-use, in a registry shape: the Qwen3.5-0.8B (dense) or the 35B-A3B architecture at 6 layers (MoE);
-nothing is downloaded. MFU counts the parameters a token multiplies by (`flops_params`: for the MoE,
-attention + router + shared expert + 8 routed experts + head) and ignores attention-score and
-gated-delta-rule FLOPs.
+The models are the random-init ones `python -m engine make-model` writes in a registry shape (the
+Qwen3.5-0.8B, dense, or the 35B-A3B architecture at 6 layers, MoE). MFU counts the parameters a token
+multiplies by (`flops_params`: for the MoE, attention + router + shared expert + 8 routed experts + head)
+and ignores attention-score and gated-delta-rule FLOPs.
 """
 
 from __future__ import annotations
@@ -31,83 +30,12 @@ from rich.table import Table
 
 from engine import errors, fsutil
 from engine.errors import ArgumentParser, UserError
-from engine.recipes import models
 from engine.recipes.params import count_text_params
 
 console = Console(stderr=True, highlight=False)
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
 MODES = ("plain", "verl-padded", "verl-packed")
 KERNELS = ("torch", "fla")
-
-
-GPU_MODELS = ("Qwen3.5-0.8B", "Qwen3.5-35B-A3B-6L")  # registry entries `make-model` builds
-# vision tower kept small-but-real like the release's (not a registry fact: the GPU runs are text only)
-VISION: dict[str, Any] = {"depth": 12, "hidden_size": 768, "intermediate_size": 3072, "num_heads": 12}
-# CPU tests: the same layer pattern, vocabulary handling and expert layout at tiny widths
-SMALL_TEXT: dict[str, Any] = {
-    "vocab_size": 1024,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 4,
-    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-    "head_dim": 16,
-    "linear_key_head_dim": 16,
-    "linear_value_head_dim": 16,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 2,
-}
-SMALL_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
-SMALL_MOE |= {"shared_expert_intermediate_size": 32}
-SMALL_VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2}
-
-
-def make_model(
-    out: Path,
-    seed: int = 0,
-    device: str = "cpu",
-    small: bool = False,
-    model: str = GPU_MODELS[0],
-    layers: int | None = None,
-    dtype: str = "bfloat16",
-) -> Path:
-    """Random-init Qwen3.5 or Qwen3.5-MoE (VL layout) in a registry shape, safetensors (bf16 unless asked),
-    plus the tiny tokenizer padded to the model's vocabulary. `layers` keeps only the first layers of the
-    shape (every width kept: a full-width check that fits a small host)."""
-    import torch
-    from transformers.models import qwen3_5, qwen3_5_moe
-
-    from engine.data import assets
-
-    spec = models.lookup(model)
-    text = spec.text_config()
-    vision = dict(VISION)
-    if small:
-        text |= SMALL_TEXT | (SMALL_MOE if spec.moe else {})
-        vision = dict(SMALL_VISION)
-    if layers is not None:
-        text |= {"num_hidden_layers": layers, "layer_types": text["layer_types"][:layers]}
-    vision["out_hidden_size"] = text["hidden_size"]
-    tokenizer = assets.build_tokenizer(seed, size=text["vocab_size"])  # covers the whole vocabulary
-    family = qwen3_5_moe if spec.moe else qwen3_5
-    config_cls = family.Qwen3_5MoeConfig if spec.moe else family.Qwen3_5Config
-    model_cls = (
-        family.Qwen3_5MoeForConditionalGeneration if spec.moe else family.Qwen3_5ForConditionalGeneration
-    )
-    config = config_cls(
-        text_config=text | assets.text_token_ids(tokenizer),
-        vision_config=vision,
-        tie_word_embeddings=text["tie_word_embeddings"],
-        **assets.vision_token_ids(tokenizer),
-    )
-    config.architectures = [model_cls.__name__]
-    torch.manual_seed(seed)
-    with torch.device(device):
-        built = model_cls(config).to(getattr(torch, dtype))
-    built.generation_config.eos_token_id = tokenizer.eos_token_id
-    built.generation_config.pad_token_id = tokenizer.pad_token_id
-    out.parent.mkdir(parents=True, exist_ok=True)
-    assets.save_model(built, tokenizer, out)
-    return out
 
 
 def flops_params(config: Any) -> int:
@@ -249,17 +177,10 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m benchmarks.gpu_bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="action", required=True)
-    mk = sub.add_parser("make-model", help="write a random-init model in a registry shape + tokenizer")
-    mk.add_argument("--out", type=Path, required=True)
-    mk.add_argument(
-        "--model", choices=GPU_MODELS, default=GPU_MODELS[0], help="registry shape (engine.recipes.models)"
-    )
-    mk.add_argument("--seed", type=int, default=0)
-    mk.add_argument("--layers", type=int, default=None, help="keep only the first N layers of the shape")
-    mk.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    mk.add_argument("--small", action="store_true", help="tiny widths (tests on CPU)")
     run = sub.add_parser("run", help="run the benchmark matrix")
-    run.add_argument("--model", type=Path, required=True, help="model directory (make-model writes one)")
+    run.add_argument(
+        "--model", type=Path, required=True, help="model directory (`python -m engine make-model` writes one)"
+    )
     run.add_argument("--out", type=Path, default=Path("results/bench-gpu/bench.jsonl"))
     run.add_argument("--modes", type=lambda s: s.split(","), default=list(MODES))
     run.add_argument("--kernels", type=lambda s: s.split(","), default=list(KERNELS))
@@ -316,7 +237,7 @@ def validate_args(args: argparse.Namespace) -> None:
         raise UserError(f"--fill {args.fill} must be in (0, 1]: the shortest response as a share of seq/2")
     if not (args.model / "config.json").is_file():
         raise UserError(
-            f"--model {args.model}: no config.json; write one with `bench-gpu make-model --out DIR`"
+            f"--model {args.model}: no config.json; write one with `python -m engine make-model --out DIR`"
         )
 
 
@@ -332,18 +253,6 @@ def _bench_rows(path: Path) -> str | None:
 
 def cli_main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    if args.action == "make-model":
-        args.out = fsutil.check_out_dir(args.out)  # a model directory is written whole, never merged into
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() and not args.small else "cpu"
-        if args.layers is not None and args.layers < 1:
-            raise UserError(f"--layers {args.layers}: give a positive number of layers")
-        path = make_model(
-            args.out, args.seed, device, args.small, args.model, layers=args.layers, dtype=args.dtype
-        )
-        print(f"model {path}")
-        return 0
     validate_args(args)
     args.out = fsutil.check_out_file(args.out, reuse=_bench_rows)
     if args.profile is not None:

@@ -22,6 +22,10 @@ DELEGATED: dict[str, tuple[str, str]] = {
         "launch a recipe through verl's main_ppo (progress, log, metrics)",
     ),
     "assets": ("engine.data.assets:cli_main", "build the tiny offline model, tokenizer and data"),
+    "make-model": (
+        "engine.data.random_model:cli_main",
+        "write a random-init Qwen3.5 in a registry shape (GPU rehearsals, benchmarks)",
+    ),
     "prepare-data": (
         "engine.data.prepare:cli_main",
         "write verl RL parquet (geo3k, gsm8k, synthetic) + manifest",
@@ -35,6 +39,10 @@ DELEGATED: dict[str, tuple[str, str]] = {
     "verify-env": ("engine.env.pins:cli_main", "compare installed versions with the container pins"),
     "cluster": ("engine.run.cluster:cli_main", "bring up a multi-node Ray cluster in a Slurm job"),
     "wheelhouse": ("engine.env.wheelhouse:cli_main", "build or install an offline wheel bundle"),
+    "check-imports": (
+        "engine.env.imports:cli_main",
+        "import what a vLLM-rollout run and the workflow import (missing wheels found in seconds)",
+    ),
     "smoke-report": (
         "engine.run.smoke_report:cli_main",
         "gates and step-time split of an accelerator smoke run",

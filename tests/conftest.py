@@ -98,12 +98,14 @@ def run_recipe(
     *sets: str,
     model: str = "tiny-qwen35",
     env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
 ) -> Launch:
-    """`engine run RECIPE --device cpu` on the tiny assets in assets_dir (engine.data.assets) and sets."""
+    """`engine run RECIPE --device cpu` on the tiny assets in assets_dir (engine.data.assets), sets and
+    further `args` of `engine run`."""
     from engine.data import assets
 
     items = [arg for item in (*assets.recipe_sets(assets_dir, model), *sets) for arg in ("--set", item)]
-    return Launch(out, engine("run", recipe, "--device", "cpu", "--out", str(out), *items, env=env))
+    return Launch(out, engine("run", recipe, "--device", "cpu", "--out", str(out), *items, *args, env=env))
 
 
 @pytest.fixture(scope="session")

@@ -108,6 +108,11 @@ RUN_CASES = [
     Case("assets-foreign", ["assets", "--out", f"{W}/foreign_assets"], 3, "no assets.json"),
     Case("assets-size", ["assets", "--out", f"{W}/new", "--train-size", "0"], 2, "positive"),
     Case("assets-no-out", ["assets"], 2, "--out"),
+    Case("make-model-foreign", ["make-model", "--out", FOREIGN], 3, "not empty"),
+    Case("make-model-layers", ["make-model", "--out", f"{W}/new", "--layers", "0"], 2, "positive"),
+    Case(
+        "make-model-shape", ["make-model", "--out", f"{W}/new", "--model", "Qwen3.5-9B"], 2, "invalid choice"
+    ),
     Case("data-out-file", ["prepare-data", "--dataset", "synthetic", "--out", FILE], 3, "not a directory"),
     Case("data-under-file", ["prepare-data", "--dataset", "synthetic", "--out", f"{FILE}/d"], 3, "is a file"),
     Case("data-readonly", ["prepare-data", "--dataset", "synthetic", "--out", f"{RO}/d"], 3, "read-only"),
@@ -307,7 +312,6 @@ BENCH_CASES = [
         gpu_bench.cli_main,
         Case("gb-out", ["run", "--model", f"{W}/model", "--out", FILE], 3, "bench-gpu rows"),
     ),
-    (gpu_bench.cli_main, Case("gb-make-out", ["make-model", "--out", FOREIGN], 3, "not empty")),
     (gpu_bench.cli_main, Case("gb-action", [], 2, "required")),
     (export_bench.bench_main, Case("xb-workdir", ["--workdir", FOREIGN], 3, "export bench did not write")),
     (export_bench.bench_main, Case("xb-json", ["--json", FOREIGN], 3, "is a directory")),

@@ -81,6 +81,15 @@ def test_lint_and_snakefmt_are_clean(scratch: Path) -> None:
         (["device=cpu"], "error: recipe qwen35_35b runs on gpu/npu, not cpu; pass --config device=gpu"),
         ([], "error: recipe qwen35_35b needs raw geo3k: set --config geo3k_raw=PATH"),
         (["hub=True", "sets=[parallel.nope=1]"], "error: recipe qwen35_35b:"),
+        (
+            ["recipes={run_qwen35_99b: qwen35_27b}"],
+            "error: --config recipes: 'run_qwen35_99b' is not a target",
+        ),
+        (
+            ["recipes={run_qwen35_35b: qwen99}"],
+            "error: --config recipes: run_qwen35_35b=qwen99: no such recipe",
+        ),
+        (["hub=True", "control=no_sync"], "error: --config control: 'no_sync' is not one of"),
     ],
 )
 def test_bad_config_stops_before_any_job_with_one_line(
@@ -97,6 +106,57 @@ def test_bad_config_stops_before_any_job_with_one_line(
     assert len(errors) == 1 and errors[0].startswith(message), proc.stderr[-1500:]
     assert "Traceback" not in proc.stderr and "rule train" not in proc.stdout
     assert sorted((scratch / "results").rglob("*")) == before
+
+
+def _jobs(stdout: str) -> dict[str, str]:
+    """Rule -> its block (input, output, shell command) in a `-n -p` dry run."""
+    blocks = {}
+    for block in stdout.split("\nrule ")[1:]:
+        name, _, body = block.partition(":")
+        blocks[name.strip()] = body.split("\n\n", 1)[0]
+    return blocks
+
+
+def test_h200_profile_points_the_flagship_target_at_its_rehearsal(scratch: Path) -> None:
+    """`snakemake --profile profiles/h200 run_qwen35_35b`: the headline target runs the 35B-A3B rehearsal on
+    a model the workflow builds, FSDP2 visibly in place of fsdp_turbo, export with logit verification and
+    the accelerator report; with control=..., the broken-loop control joins the DAG."""
+    proc = snakemake(scratch, "-n", "-p", "--profile", "profiles/h200", "run_qwen35_35b")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    jobs = _jobs(proc.stdout)
+    assert set(jobs) >= {
+        "random_model",
+        "prepare_data",
+        "smoke",
+        "train",
+        "export",
+        "run_report",
+        "provenance",
+    }
+    assert "tiny_assets" not in jobs and "control" not in jobs
+    model = "results/models/Qwen3.5-35B-A3B-6L"
+    assert f"engine make-model --model Qwen3.5-35B-A3B-6L --seed 0 --out {model}" in jobs["random_model"]
+    for rule in ("smoke", "train"):
+        assert "engine run qwen35_35b_h200 --device gpu" in jobs[rule]
+        assert f"--set model.path={scratch / model}" in jobs[rule]
+        assert "--set actor.strategy=fsdp2" in jobs[rule] and "accelerator_jobs=1" in jobs[rule]
+    assert "--verify-logits" in jobs["export"]
+    assert "engine smoke-report results/qwen35_35b_h200/train" in jobs["run_report"]
+
+    with_control = snakemake(
+        scratch,
+        "-n",
+        "-p",
+        "--profile",
+        "profiles/h200",
+        "ci_smoke_gpu",
+        "--config",
+        "control=no_weight_sync",
+    )
+    assert with_control.returncode == 0, with_control.stderr[-2000:]
+    control = _jobs(with_control.stdout)["control"]
+    assert "engine run smoke_qwen35_0p8b_h200 --device gpu --control no_weight_sync" in control
+    assert "--set trainer.save_freq=-1" in control and "results/models/Qwen3.5-0.8B" in control
 
 
 def test_run_target_needs_a_recipe(scratch: Path) -> None:
@@ -182,6 +242,7 @@ def test_smoke_cpu_chain_noop_rerun_and_resume_after_kill(tmp_path: Path) -> Non
 
     again = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+    _rerun_verbs(work, args, env)
 
     report = subprocess.run(
         [str(SNAKEMAKE), "--cores", "1", "smoke_cpu", "--report", "report.html"],
@@ -193,3 +254,45 @@ def test_smoke_cpu_chain_noop_rerun_and_resume_after_kill(tmp_path: Path) -> Non
     )
     assert report.returncode == 0, report.stderr[-2000:]
     assert "curves.png" in (work / "report.html").read_text(errors="replace")
+
+
+def _rerun_verbs(work: Path, args: list[str], env: dict[str, str]) -> None:
+    """Snakemake's own re-run verbs on a finished chain, with no hand cleanup between them: a rule
+    re-run alone (-R), one killed mid-way and completed by the next invocation (--rerun-incomplete, the
+    profile's default), then two --forceall in a row. Each rule's command must take over what Snakemake
+    left of its earlier output, and training resumes from (here: finds complete) its kept checkpoint."""
+
+    def snake(*extra: str, timeout: int = 1200) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*args, *extra], cwd=work, env=env, capture_output=True, text=True, timeout=timeout
+        )
+
+    manifest = work / "results/assets/assets.json"
+    rerun = snake("-R", "tiny_assets", "--until", "tiny_assets")
+    assert rerun.returncode == 0 and manifest.is_file(), rerun.stderr[-2000:]
+
+    killed = subprocess.Popen(
+        [*args, "--forcerun", "tiny_assets", "--until", "tiny_assets"],
+        cwd=work,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 300
+    while manifest.exists() or not list((work / "results/assets").glob("tiny-qwen35*")):
+        assert killed.poll() is None and time.monotonic() < deadline, "the forced rule never started writing"
+        time.sleep(0.2)
+    os.killpg(killed.pid, signal.SIGKILL)  # mid-rule: models written, no manifest yet
+    killed.wait()
+    assert not manifest.exists()
+    completed = snake("--until", "tiny_assets")
+    assert completed.returncode == 0 and manifest.is_file(), completed.stderr[-2000:]
+
+    for _ in range(2):
+        forced = snake("--forceall")
+        assert forced.returncode == 0, forced.stderr[-3000:]
+        assert "provenance" in forced.stdout + forced.stderr
+        run = json.loads((work / "results/tiny_cpu/train/run.json").read_text())
+        assert run["status"] == "ok" and run["checkpoint_step"] == 3
+    assert snake().returncode == 0

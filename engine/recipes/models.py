@@ -304,8 +304,8 @@ register(
         },
     )
 )
-# The GPU benchmarks' small vision tower (benchmarks.gpu_bench; text-only runs never call it), counted on
-# the built model with a 2048-wide output.
+# The random-init models' small vision tower (engine.data.random_model; text-only runs never call it),
+# counted on the built model with a 2048-wide output.
 GPU_VISION_PARAMS_2048 = 103_739_648
 # The 35B-A3B architecture at full width (hidden 2048, 256 experts, 8 per token, vocabulary 248,320) and 6
 # of its 40 layers: fp32 weights, gradients and AdamW moments train it on one 141 GB H200 beside the

@@ -32,6 +32,12 @@ class Model(Section):
         False, description="activation checkpointing of the HF model (enable_gradient_checkpointing)"
     )
     attn_implementation: str | None = Field(None, description="override_config.attn_implementation")
+    init: Literal["pretrained", "random"] = Field(
+        "pretrained",
+        description="pretrained: path holds released weights; random: the workflow writes a seeded "
+        "random-init model of the registry shape (`python -m engine make-model`), for rehearsals without "
+        "weights",
+    )
 
 
 class Data(Section):

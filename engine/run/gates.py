@@ -222,6 +222,21 @@ def evaluate(rows: list[dict[str, Any]], device: str, recipe: str, moe: bool = F
     ]
 
 
+# Negative controls (`engine run --control FAULT`, engine.runtime.mutations): the gate that must fail
+# when the loop is broken this way. A control passes only when it does: a gate that never failed on a
+# broken loop proves nothing about a healthy one.
+CONTROLS: dict[str, str] = {
+    "no_weight_sync": "rollout_actor_agreement",
+    "negate_advantages": "learning",
+    "zero_lr": "learning",
+}
+
+
+def caught(results: list[GateResult], fault: str) -> bool:
+    """Whether the gate that must catch `fault` failed."""
+    return any(r.name == CONTROLS[fault] and r.status == FAIL for r in results)
+
+
 def failed(results: list[GateResult]) -> list[GateResult]:
     return [result for result in results if result.status == FAIL]
 

@@ -31,9 +31,10 @@ from engine.checkpoint import layout
 from engine.errors import ArgumentParser, UserError
 from engine.recipes.args import add_recipe_args
 from engine.recipes.models import TINY_MODELS
-from engine.run import gates, rundir
+from engine.run import devices, gates, rundir
 from engine.run.redact import redact_env, scrub, secret_values
 from engine.run.rundir import RunDir, read_metrics
+from engine.runtime import mutations
 
 ROOT = Path(__file__).resolve().parents[2]
 console = Console(highlight=False, soft_wrap=True)
@@ -45,6 +46,12 @@ def run_parser(prog: str) -> argparse.ArgumentParser:
     parser = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     add_recipe_args(parser)
     parser.add_argument("--out", type=Path, help="run directory (default: results/runs/RECIPE)")
+    parser.add_argument(
+        "--control",
+        choices=sorted(gates.CONTROLS),
+        help="a negative control: break the loop this way (engine.runtime.mutations); the launch exits 0 "
+        "only when the gate that must catch it fails",
+    )
     return parser
 
 
@@ -253,6 +260,11 @@ def run_main(argv: list[str]) -> int:
     preflight.require_ok(p, paths=True, rollout_env=True)
     total = p.recipe.trainer.total_training_steps
     r = p.recipe
+    broken = {mutations.ENV: args.control} if args.control else {}
+    try:  # a breakage set in the environment is recorded too: a broken run never passes for a healthy one
+        fault = args.control or mutations.selected()
+    except ValueError as err:
+        raise UserError(str(err)) from None
     # Nothing of an earlier run is touched until this attempt is over: it writes into a stage.
     stage = fsutil.stage_in(out, prefix=".attempt.")
     staged = RunDir(stage)
@@ -263,9 +275,12 @@ def run_main(argv: list[str]) -> int:
     console.print(f"[bold]{r.name}[/bold] on {r.cluster.device} x{p.world_size}: log {log} (live)")
     started, t0 = _now(), time.monotonic()
     try:
-        with terminate_as_interrupt():
+        sample = (
+            devices.sampling(staged.gpu_memory) if r.cluster.device == "gpu" else contextlib.nullcontext()
+        )
+        with terminate_as_interrupt(), sample:
             for attempt in range(1, RAY_START_ATTEMPTS + 1):
-                code = execute(p.command, launch_env(p, out, metrics), log, metrics, total)
+                code = execute(p.command, launch_env(p, out, metrics) | broken, log, metrics, total)
                 if attempt == RAY_START_ATTEMPTS or code == 0 or not _ray_start_timed_out(log):
                     break
                 console.print("Ray's node did not come up within its fixed 30 s (overloaded?); retrying")
@@ -280,6 +295,12 @@ def run_main(argv: list[str]) -> int:
     if result == 0 and gates.failed(checks):
         result = gates.EXIT_GATE_FAILED
     status = "ok" if result == 0 else "failed"
+    control = None
+    if args.control:
+        control = {"fault": args.control, "must_fail": gates.CONTROLS[args.control]}
+        control["caught"] = gates.caught(checks, args.control)
+        if result in (0, gates.EXIT_GATE_FAILED):  # it trained: the control's verdict is the exit code
+            result = 0 if control["caught"] else gates.EXIT_GATE_FAILED
     record = {
         "recipe": r.name,
         "device": r.cluster.device,
@@ -287,6 +308,8 @@ def run_main(argv: list[str]) -> int:
         "command_line": shlex.join(p.command),
         "sets": args.sets,  # recipe changes made at launch (e.g. fsdp2 in place of fsdp_turbo), visible
         "env": redact_env(dict(p.env) | {"VERL_FILE_LOGGER_PATH": str(RunDir(out).metrics)}),
+        "fault": fault,  # the loop was broken on purpose (engine.runtime.mutations): not a healthy run
+        "control": control,
         "start": started,
         "end": _now(),
         "wall_s": round(time.monotonic() - t0, 2),
@@ -310,6 +333,10 @@ def run_main(argv: list[str]) -> int:
         tail = RunDir(where).log.read_text(errors="replace").splitlines()[-25:]
         console.print("\n".join(tail), markup=False, style="dim")
         console.print(f"verl exited with {code}; full log: {RunDir(where).log}", style="red")
+    elif control is not None:
+        verdict = "caught it, as it must" if control["caught"] else "did NOT catch it"
+        style = "green" if control["caught"] else "red"
+        console.print(f"control {control['fault']}: gate {control['must_fail']} {verdict}", style=style)
     elif result == gates.EXIT_GATE_FAILED:
         names = ", ".join(check.name for check in gates.failed(checks))
         console.print(f"trained, but the gate(s) {names} failed; see {RunDir(where).record}", style="red")

@@ -21,12 +21,13 @@ RECIPE = "recipe.yaml"  # the fully resolved recipe
 LOG = "train.log"  # verl's console, scrubbed of credentials
 METRICS = "metrics.jsonl"  # verl's file logger: one JSON object per step
 RECORD = "run.json"  # what the launch saw: command, exit code, steps, gates; written last
+GPU_MEMORY = "gpu-memory.csv"  # nvidia-smi's samples of the whole device during a GPU launch
 CHECKPOINTS = "checkpoints"
 CLUSTER_SCRIPT = "ray_cluster.sh"  # the Ray bring-up of a multi-node run (engine.run.cluster)
 LAST_ATTEMPT = "last-attempt"
 
 # What `engine run` writes into its directory; an attempt stages them and publishes them together.
-FILES = (LAUNCH_SCRIPT, OVERRIDES, RECIPE, LOG, METRICS, RECORD)
+FILES = (LAUNCH_SCRIPT, OVERRIDES, RECIPE, LOG, METRICS, GPU_MEMORY, RECORD)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -71,6 +72,10 @@ class RunDir:
     @property
     def record(self) -> Path:
         return self.path / RECORD
+
+    @property
+    def gpu_memory(self) -> Path:
+        return self.path / GPU_MEMORY
 
     @property
     def checkpoints(self) -> Path:

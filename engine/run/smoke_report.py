@@ -34,7 +34,7 @@ from typing import Any
 from engine import fsutil
 from engine.errors import ArgumentParser, UserError
 from engine.recipes import models
-from engine.run import gates
+from engine.run import devices, gates
 from engine.run.rundir import RunDir, read_metrics
 
 SPLIT = {  # report name -> verl timer (timing_s/<name>)
@@ -145,6 +145,8 @@ def report(run_dir: Path, max_probs_diff: float, min_probs_corr: float | None) -
             "rollout_actor_probs_corr_max_drop": corr.max_drop,
         },
         "sequences_per_step": sequences,
+        # the whole device (trainer and the colocated rollout), nvidia-smi's samples during the launch
+        "device_peak_memory_mib": devices.peak_memory_mib(RunDir(run_dir).gpu_memory),
         "steps": steps,
         "gates": [check.as_dict() for check in checks],
         # a smoke must show each gate holding: a gate skipped for a missing metric does not pass
@@ -228,5 +230,7 @@ def cli_main(argv: list[str]) -> int:
     print(_table(result))
     if "drift" in result:
         print(f"drift initial -> trained: {result['drift']}")
+    if result["device_peak_memory_mib"]:
+        print(f"device peak memory (nvidia-smi): {result['device_peak_memory_mib']} MiB")
     print(f"gates {'passed' if result['passed'] else 'FAILED'}: {args.run_dir / 'smoke_report.json'}")
     return 0 if result["passed"] else 1

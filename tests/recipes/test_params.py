@@ -59,10 +59,10 @@ def test_registry_counts_match_the_release_and_the_built_cut() -> None:
 
 
 def test_gpu_vision_tower_count_is_the_built_one() -> None:
-    from benchmarks import gpu_bench
+    from engine.data import random_model
 
     cut = models.lookup("Qwen3.5-35B-A3B-6L")
-    vision = dict(gpu_bench.VISION, out_hidden_size=cut.hidden_size)
+    vision = dict(random_model.VISION, out_hidden_size=cut.hidden_size)
     config = transformers.Qwen3_5MoeConfig(text_config=cut.text_config(), vision_config=vision)
     with torch.device("meta"):
         model = transformers.Qwen3_5MoeForConditionalGeneration(config)

@@ -53,22 +53,47 @@ def test_learning_run_passes_every_gate_and_draws_its_curves(tiny_assets: Path, 
 def test_broken_weight_sync_fails_the_agreement_gate_after_the_first_update(
     tiny_assets: Path, tmp_path: Path
 ) -> None:
+    """`engine run --control no_weight_sync`: the broken loop trains, its agreement gate fails from step
+    2 on, and the launch exits 0 because that gate caught it; the record says the run was broken."""
     run = run_recipe(
         RECIPE,
         tmp_path / "nosync",
         tiny_assets,
         "trainer.total_training_steps=3",
         "trainer.save_freq=-1",
-        env={mutations.ENV: mutations.NO_WEIGHT_SYNC},
+        args=("--control", mutations.NO_WEIGHT_SYNC),
     )
-    assert run.proc.returncode == gates.EXIT_GATE_FAILED, run.why()
+    assert run.proc.returncode == 0, run.why()
     assert "TEST-ONLY BREAKAGE no_weight_sync" in (tmp_path / "nosync" / "train.log").read_text()
     record = run.record
     assert record["status"] == "failed" and record["exit_code"] == 0  # verl itself saw nothing wrong
+    assert record["fault"] == mutations.NO_WEIGHT_SYNC
+    assert record["control"] == {
+        "fault": "no_weight_sync",
+        "must_fail": "rollout_actor_agreement",
+        "caught": True,
+    }
     agreement = gate(record, "rollout_actor_agreement")
     assert agreement["status"] == "fail" and agreement["first_failed_step"] == 2, agreement
     assert gate(record, "learning")["status"] == "skip"  # 3 steps are too few for the criterion
     cpu = gates.AGREEMENT["cpu"]
     gaps = [row["data"][cpu.metric] for row in run.rows]
     assert gaps[0] <= cpu.limit < min(gaps[1:]), gaps  # both start from the initial weights; then they part
-    assert "gate(s) rollout_actor_agreement failed" in run.proc.stdout
+    assert "control no_weight_sync: gate rollout_actor_agreement caught it" in run.proc.stdout
+
+
+def test_a_control_whose_gate_cannot_judge_it_fails(tiny_assets: Path, tmp_path: Path) -> None:
+    """zero_lr must be caught by the learning gate, which needs 10 steps: 1 step cannot show it, so the
+    control exits 3 (not caught) rather than 0, and the breakage set in the environment is recorded."""
+    run = run_recipe(
+        RECIPE,
+        tmp_path / "zero",
+        tiny_assets,
+        "trainer.total_training_steps=1",
+        "trainer.save_freq=-1",
+        args=("--control", mutations.ZERO_LR),
+    )
+    assert run.proc.returncode == gates.EXIT_GATE_FAILED, run.why()
+    record = run.record
+    assert record["control"]["caught"] is False and gate(record, "learning")["status"] == "skip"
+    assert "did NOT catch it" in run.proc.stdout

@@ -2,6 +2,7 @@
 # Bad input stops the workflow here, before any job, with one line naming the key and the fix.
 
 import functools
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import jsonschema
 import yaml
 
 from engine import preflight as engine_preflight
+from engine.data.random_model import RANDOM_MODELS
 from engine.errors import UserError
 from engine.recipes import loader as engine_recipe
 from engine.recipes import plan as engine_plan
@@ -18,7 +20,8 @@ try:
     RECIPES = dict(engine_recipe.list_recipes())
 except UserError as err:
     sys.exit(f"error: {err}")
-# target rule -> recipe; `run` takes its recipe from --config recipe=NAME
+# target -> the recipe it runs; `--config recipes=...` points a target at another recipe (e.g. a
+# rehearsal of the flagship on one GPU, profiles/h200); `run` takes its recipe from --config recipe=NAME
 TARGETS = {
     "run_qwen35_35b": "qwen35_35b",
     "run_qwen35_27b": "qwen35_27b",
@@ -37,11 +40,27 @@ def fail(message):
 def validate_config(schema_path):
     """JSON-schema check with one readable line per problem (Snakemake's own message is a page)."""
     schema = yaml.safe_load(Path(schema_path).read_text())
+    for key, spec in schema["properties"].items():
+        # --config takes `True`/`False` as booleans but leaves `true`/`false` strings: accept both
+        if spec.get("type") == "boolean" and str(config.get(key)).lower() in (
+            "true",
+            "false",
+        ):
+            config[key] = str(config[key]).lower() == "true"
     errors = list(jsonschema.Draft202012Validator(schema).iter_errors(config))
     if errors:
         err = jsonschema.exceptions.best_match(errors)
         key = ".".join(str(part) for part in err.absolute_path) or "config"
         fail(f"--config {key}: {err.message} (allowed values: {schema_path})")
+    for target, name in config.get("recipes", {}).items():
+        if target not in TARGETS:
+            fail(
+                f"--config recipes: {target!r} is not a target; known: {', '.join(TARGETS)}"
+            )
+        if name not in RECIPES:
+            fail(
+                f"--config recipes: {target}={name}: no such recipe; known: {', '.join(RECIPES)}"
+            )
     if config.get("recipe") is not None and config["recipe"] not in RECIPES:
         fail(
             f"--config recipe={config['recipe']}: no such recipe; known: {', '.join(RECIPES)}"
@@ -50,6 +69,11 @@ def validate_config(schema_path):
         resolved(
             config["recipe"]
         )  # preflight now; target rules' recipes when the DAG is built
+
+
+def recipe_of(target):
+    """The recipe a target runs: the configured one, else its default."""
+    return config.get("recipes", {}).get(target, TARGETS[target])
 
 
 def python():
@@ -110,11 +134,20 @@ def base_sets(name, device):
         f"data.val_files={data / 'test.parquet'}",
     ]
     sets.append(f"cluster.nodes={nodes(device)}")
-    model = engine_recipe.load(name, device=device).model.path
-    if model.startswith("results/assets/"):
-        # tiny recipes: the model tiny_assets built, by absolute path (verl runs from the repo root)
-        sets.append(f"model.path={Path(model).resolve()}")
+    built = built_model(engine_recipe.load(name, device=device))
+    if built:
+        # the model a rule of this workflow builds, by absolute path (verl runs from the repo root)
+        sets.append(f"model.path={Path(built).resolve()}")
     return sets + list(config["sets"])
+
+
+def built_model(recipe):
+    """The model directory this workflow builds for a recipe, None for released weights."""
+    if recipe.model.init == "random":
+        return f"results/models/{recipe.model.name}"
+    if recipe.model.path.startswith("results/assets/"):
+        return recipe.model.path  # tiny recipes: inside the tiny_assets directory
+    return None
 
 
 def smoke_sets(name):
@@ -129,10 +162,15 @@ def smoke_sets(name):
 
 
 def launch_command(name, kind):
-    """The argv of one run: `engine run` on one node, a Ray cluster bring-up on several."""
+    """The argv of one run: `engine run` on one node, a Ray cluster bring-up on several. The control is
+    the smoke's run with the loop broken on purpose (`--control`), no checkpoint."""
     recipe, device = resolved(name)
     sets = checked_smoke(name) if kind == "smoke" else base_sets(name, device)
+    if kind == "control":
+        sets = [*base_sets(name, device), "trainer.save_freq=-1"]
     tail = [name, "--device", device]
+    if kind == "control":
+        tail += ["--control", config["control"]]
     for item in sets:
         tail += ["--set", item]
     tail += ["--out", run_dir(name, kind)]
@@ -200,14 +238,38 @@ def dataset_args(wildcards):
 
 
 def model_inputs(wildcards):
-    """Tiny recipes train the random-init model that tiny_assets builds; real ones a local checkpoint."""
+    """The model a rule of this workflow builds (tiny_assets, random_model); none for released weights."""
     recipe, _ = resolved(wildcards.recipe)
-    return ["results/assets/assets.json"] if recipe.data.dataset == "synthetic" else []
+    built = built_model(recipe)
+    if built is None:
+        return []
+    return ["results/assets"] if built.startswith("results/assets/") else [built]
+
+
+def export_flags(wildcards):
+    return "--verify-logits" if config["verify_logits"] else ""
+
+
+def drift_flags(wildcards):
+    """How far training moved the policy (smoke-report --drift): needs the initial model at hand."""
+    recipe, _ = resolved(wildcards.recipe)
+    built = built_model(recipe)
+    if not config["drift"] or built is None:
+        return ""
+    return f"--drift {shlex.quote(built)} results/{wildcards.recipe}/export"
 
 
 def targets(name):
-    """Everything one recipe's run ends in: the provenance record and the report curves."""
-    return [
+    """Everything one recipe's run ends in: the provenance record and the report curves; on accelerators
+    the run report (gates, step split, memory) and, when configured, the broken-loop control.
+    """
+    _, device = resolved(name)
+    wanted = [
         f"results/{name}/train/provenance.json",
         f"results/{name}/report/curves.png",
     ]
+    if device != "cpu":
+        wanted.append(f"results/{name}/train/smoke_report.json")
+    if config["control"]:
+        wanted.append(f"results/{name}/control/run.json")
+    return wanted

@@ -20,16 +20,33 @@ rule prepare_data:
         "{params.python} -m engine prepare-data {params.dataset} --out {params.out} > {log} 2>&1"
 
 
+# the whole directory is the output: Snakemake removes it before a forced or incomplete rerun, so the
+# command never meets a partial copy it would have to refuse
 rule tiny_assets:
     output:
-        "results/assets/assets.json",
+        directory("results/assets"),
     log:
         "results/logs/tiny_assets.log",
     container:
         image
     params:
-        out=subpath(output[0], parent=True),
         seed=config["synthetic_seed"],
         python=python(),
     shell:
-        "{params.python} -m engine assets --out {params.out} --seed {params.seed} > {log} 2>&1"
+        "{params.python} -m engine assets --out {output} --seed {params.seed} > {log} 2>&1"
+
+
+# random-init models in a registry shape (recipes with model.init: random), seeded like the data
+rule random_model:
+    output:
+        directory("results/models/{model}"),
+    log:
+        "results/logs/random_model.{model}.log",
+    container:
+        image
+    params:
+        seed=config["synthetic_seed"],
+        python=python(),
+    shell:
+        "{params.python} -m engine make-model --model {wildcards.model} --seed {params.seed} "
+        "--out {output} > {log} 2>&1"

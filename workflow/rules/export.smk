@@ -12,11 +12,15 @@ rule export:
         "results/{recipe}/benchmarks/export.tsv"
     container:
         image
+    resources:
+        # --verify-logits runs both models on the accelerator when there is one
+        accelerator_jobs=1,
     params:
         checkpoints=lambda wc: f"results/{wc.recipe}/train/checkpoints",
+        flags=export_flags,
         python=python(),
     shell:
-        "{params.python} -m engine export {params.checkpoints} --out {output} > {log} 2>&1"
+        "{params.python} -m engine export {params.checkpoints} --out {output} {params.flags} > {log} 2>&1"
 
 
 rule provenance:

@@ -25,3 +25,25 @@ rule plot_curves:
         device=lambda wc: resolved(wc.recipe)[1],
     script:
         "../scripts/plot_curves.py"
+
+
+# Accelerator runs: the gates again with the smoke thresholds, the step-time split (generation, log-probs,
+# update, weight sync), rollout tokens/s and the trainer's peak memory, from verl's metrics.
+rule run_report:
+    input:
+        run="results/{recipe}/train/run.json",
+        export="results/{recipe}/export",
+    output:
+        "results/{recipe}/train/smoke_report.json",
+    log:
+        "results/{recipe}/logs/run_report.log",
+    container:
+        image
+    resources:
+        accelerator_jobs=1,
+    params:
+        rundir=subpath(input.run, parent=True),
+        drift=drift_flags,
+        python=python(),
+    shell:
+        "{params.python} -m engine smoke-report {params.rundir} {params.drift} > {log} 2>&1"

@@ -20,12 +20,17 @@ rule smoke:
         cpus_per_task=resource("cpus_per_task"),
         gres=resource("gres"),
         tasks_per_gpu=resource("tasks_per_gpu"),
+        # one training launch at a time where the jobs share a machine (`--resources accelerator_jobs=1`)
+        accelerator_jobs=1,
     params:
-        # a smoke always starts from scratch: a stale checkpoint would make it skip training
+        # a smoke always starts from scratch: a stale checkpoint would make it skip training. Its own
+        # checkpoint only shows that saving works; it goes once the smoke passed, so the disk holds one
+        # run's checkpoint (25 GB for the 35B-A3B rehearsal on a 64 GB disk), not two
         rundir=subpath(output[0], parent=True),
         launch=lambda wc: launch_command(wc.recipe, "smoke"),
     shell:
-        "rm -rf {params.rundir}/checkpoints && {params.launch} > {log} 2>&1"
+        "rm -rf {params.rundir}/checkpoints && {params.launch} > {log} 2>&1 && "
+        "rm -rf {params.rundir}/checkpoints"
 
 
 rule train:
@@ -49,6 +54,7 @@ rule train:
         cpus_per_task=resource("cpus_per_task"),
         gres=resource("gres"),
         tasks_per_gpu=resource("tasks_per_gpu"),
+        accelerator_jobs=1,
     params:
         rundir=subpath(output[0], parent=True),
         launch=lambda wc: launch_command(wc.recipe, "train"),
@@ -59,3 +65,33 @@ rule train:
         "cat {params.rundir}/metrics.jsonl >> {params.rundir}/metrics.earlier.jsonl; fi; "
         "{params.launch} >> {log} 2>&1 && "
         "{params.python} workflow/scripts/check_trained.py {params.rundir} >> {log} 2>&1"
+
+
+# The negative control (--config control=no_weight_sync): the same run with its loop broken on purpose.
+# It succeeds only when the gate that must catch the breakage fails (`engine run --control`): a gate that
+# never failed on a broken loop proves nothing about a healthy one. No checkpoint is kept.
+rule control:
+    input:
+        smoke="results/{recipe}/smoke/run.json",
+        manifest="results/{recipe}/data/manifest.json",
+        model=model_inputs,
+    output:
+        "results/{recipe}/control/run.json",
+    log:
+        "results/{recipe}/logs/control.log",
+    benchmark:
+        "results/{recipe}/benchmarks/control.tsv"
+    container:
+        image
+    resources:
+        nodes=resource("nodes"),
+        tasks=resource("tasks"),
+        mpi=resource("mpi"),
+        cpus_per_task=resource("cpus_per_task"),
+        gres=resource("gres"),
+        tasks_per_gpu=resource("tasks_per_gpu"),
+        accelerator_jobs=1,
+    params:
+        launch=lambda wc: launch_command(wc.recipe, "control"),
+    shell:
+        "{params.launch} > {log} 2>&1"
