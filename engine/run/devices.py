@@ -29,7 +29,7 @@ def sampling(path: Path) -> Iterator[bool]:
     with path.open("w") as handle:
         handle.write(QUERY.replace(".", "_") + "\n")
         handle.flush()
-        cmd = [smi, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", f"-lms={INTERVAL_MS}"]
+        cmd = [smi, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", f"--loop-ms={INTERVAL_MS}"]
         proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.DEVNULL)
         try:
             yield True
