@@ -80,14 +80,16 @@ AGREEMENT: dict[str, Agreement] = {
         source="docs/performance.md: vLLM on 1x H200, healthy >= 0.9971 (4 steps), no sync 0.76/0.65/0.41",
     ),
     # MoE: vLLM's fused experts and transformers' grouped_mm pick other top-8 experts for some tokens in
-    # bf16, so the two engines agree less from step 1 on, by a constant that updates do not grow
+    # bf16, so the two engines agree less from step 1 on, by an amount that updates do not grow but that
+    # varies from step to step; a missed update costs far more at once
     "gpu-moe": Agreement(
         metric=PROBS_CORR,
-        limit=0.9,
+        limit=0.8,
         floor=True,
-        max_drop=0.05,
-        source="docs/performance.md: 35B-A3B shape on 1x H200, healthy 0.931/0.949/0.917/0.952 (4 steps, "
-        "spread 0.035); a missed update cost the dense smoke 0.24 of correlation at once",
+        max_drop=0.15,
+        source="docs/performance.md: 35B-A3B shape on 1x H200, healthy 0.931/0.949/0.917/0.952 and "
+        "0.953/0.895/0.954/0.969 (largest fall below step 1: 0.058, while the log-ppl gap shrank "
+        "0.073 -> 0.033); weight sync broken 0.936 -> 0.531/0.380/0.188 (fall 0.405 at step 2)",
     ),
 }
 

@@ -20,9 +20,9 @@ def test_sampler_writes_rows_stops_with_the_block_and_peaks_per_gpu(
     bin_dir.mkdir()
     fake = bin_dir / "nvidia-smi"
     fake.write_text(
-        "#!/bin/sh\necho \"$@\" > \"$0.args\"\necho $$ > \"$0.pid\"\ni=0\n"
-        "while true; do i=$((i+1)); echo \"2026/12/03 10:00:00.$i, 0, $((1000*i)), 50\"; "
-        "echo \"2026/12/03 10:00:00.$i, 1, 7, 0\"; sleep 0.05; done\n"
+        '#!/bin/sh\necho "$@" > "$0.args"\necho $$ > "$0.pid"\ni=0\n'
+        'while true; do i=$((i+1)); echo "2026/12/03 10:00:00.$i, 0, $((1000*i)), 50"; '
+        'echo "2026/12/03 10:00:00.$i, 1, 7, 0"; sleep 0.05; done\n'
     )
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")

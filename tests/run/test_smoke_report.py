@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from engine.errors import UserError
-from engine.run import smoke_report
+from engine.run import gates, smoke_report
 from tests.conftest import ROOT
 
 RECORDS = ROOT / "docs/records/h200-vllm-2026-12-01"
@@ -99,7 +99,7 @@ def test_recorded_moe_run_is_judged_by_the_moe_bound() -> None:
     model kind from the run's recipe."""
     moe = ROOT / "docs/records/h200-moe-2026-12-01/smoke"
     result = smoke_report.report(moe, 0.01, None)
-    assert result["passed"] and result["thresholds"]["rollout_actor_probs_corr"] == 0.9
+    assert result["passed"] and result["thresholds"]["rollout_actor_probs_corr"] == 0.8
     assert not smoke_report.report(moe, 0.01, 0.99)["passed"]  # the dense floor would refuse it
     assert min(s["probs_corr"] for s in result["steps"]) < 0.99
     # the dense broken-sync record fails under the MoE bound too: its fall is larger than the MoE spread
@@ -114,8 +114,27 @@ def test_recorded_moe_broken_sync_fails_the_moe_bound_at_step_2() -> None:
     """The 35B-A3B shape on 1x H200 with vLLM's weight sync broken (docs/performance.md, 2026-12-03):
     synced at step 1 (0.936, as healthy), then 0.531, 0.380, 0.188 as the actor moves away."""
     broken = smoke_report.report(ROOT / "docs/records/h200-moe-2026-12-03/no_sync", 0.01, None)
-    assert broken["thresholds"]["rollout_actor_probs_corr"] == 0.9  # read as MoE from its recipe
+    assert broken["thresholds"]["rollout_actor_probs_corr"] == 0.8  # read as MoE from its recipe
     failed = [g for g in broken["gates"] if g["status"] == "fail"]
     assert [(g["name"], g["first_failed_step"]) for g in failed] == [("rollout_probs_corr", 2)]
     corr = [s["probs_corr"] for s in broken["steps"]]
     assert corr[0] >= 0.9 and all(b < a for a, b in itertools.pairwise(corr))
+
+
+def test_recorded_moe_rehearsal_train_stage_passes_the_recalibrated_bound() -> None:
+    """The 35B-A3B rehearsal's train stage through Snakemake (2026-12-03): step 2's correlation fell to 0.895,
+    0.058 below step 1, while the log-ppl gap shrank as the sync reached vLLM (a healthy run). It failed
+    the earlier MoE bound (fall <= 0.05); the bound now sits between the healthy falls and the broken
+    sync's first one, and still refuses both broken-sync records at step 2."""
+    train = ROOT / "docs/records/h200-chain-2026-12-03/qwen35_35b_h200/train"
+    rows = smoke_report.read_metrics(train / "metrics.jsonl")
+    corr = [row["data"][gates.PROBS_CORR] for row in rows]
+    gap = [row["data"][smoke_report.LOG_PPL_DIFF] for row in rows]
+    assert corr[0] - min(corr) > 0.05 and all(b < a for a, b in itertools.pairwise(gap))
+    moe = gates.agreement_for("gpu", moe=True)
+    assert gates.agreement(rows, moe).status == gates.PASS
+    for broken in ("h200-moe-2026-12-03/no_sync", "h200-vllm-2026-12-01/no_sync"):
+        result = gates.agreement(
+            smoke_report.read_metrics(ROOT / "docs/records" / broken / "metrics.jsonl"), moe
+        )
+        assert result.status == gates.FAIL and result.first_failed_step == 2, broken
