@@ -271,6 +271,9 @@ def _rerun_verbs(work: Path, args: list[str], env: dict[str, str]) -> None:
     rerun = snake("-R", "tiny_assets", "--until", "tiny_assets")
     assert rerun.returncode == 0 and manifest.is_file(), rerun.stderr[-2000:]
 
+    # killed mid-rule (OOM killer, lost node: Snakemake and its job at once): models written, no manifest
+    # yet. Snakemake's lock stays, which its own `--unlock` releases; the next invocation redoes the
+    # incomplete rule (the profile's rerun-incomplete), no file removed by hand
     killed = subprocess.Popen(
         [*args, "--forcerun", "tiny_assets", "--until", "tiny_assets"],
         cwd=work,
@@ -283,9 +286,10 @@ def _rerun_verbs(work: Path, args: list[str], env: dict[str, str]) -> None:
     while manifest.exists() or not list((work / "results/assets").glob("tiny-qwen35*")):
         assert killed.poll() is None and time.monotonic() < deadline, "the forced rule never started writing"
         time.sleep(0.2)
-    os.killpg(killed.pid, signal.SIGKILL)  # mid-rule: models written, no manifest yet
+    os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
     assert not manifest.exists()
+    assert snake("--unlock").returncode == 0
     completed = snake("--until", "tiny_assets")
     assert completed.returncode == 0 and manifest.is_file(), completed.stderr[-2000:]
 

@@ -22,6 +22,8 @@ LOG = "train.log"  # verl's console, scrubbed of credentials
 METRICS = "metrics.jsonl"  # verl's file logger: one JSON object per step
 RECORD = "run.json"  # what the launch saw: command, exit code, steps, gates; written last
 GPU_MEMORY = "gpu-memory.csv"  # nvidia-smi's samples of the whole device during a GPU launch
+# a failed launch's record as the workflow keeps it: Snakemake removes a failed job's declared output
+FAILED_RECORD = "run.failed.json"
 CHECKPOINTS = "checkpoints"
 CLUSTER_SCRIPT = "ray_cluster.sh"  # the Ray bring-up of a multi-node run (engine.run.cluster)
 LAST_ATTEMPT = "last-attempt"

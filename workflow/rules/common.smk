@@ -15,6 +15,7 @@ from engine.data.random_model import RANDOM_MODELS
 from engine.errors import UserError
 from engine.recipes import loader as engine_recipe
 from engine.recipes import plan as engine_plan
+from engine.run import rundir as engine_rundir
 
 try:
     RECIPES = dict(engine_recipe.list_recipes())
@@ -189,6 +190,13 @@ def launch_command(name, kind):
     if config["ray_port"]:
         head += ["--port", str(config["ray_port"])]
     return shlex.join([*head, *tail])
+
+
+def keep_failed_record(wildcards, output):
+    """Shell that copies a failed launch's run.json (its gates, exit code) aside before Snakemake removes
+    the failed job's declared output: the record of a failure is the one most worth reading."""
+    kept = Path(output[0]).with_name(engine_rundir.FAILED_RECORD)
+    return f"{{ status=$?; cp {output[0]} {kept} 2>/dev/null; exit $status; }}"
 
 
 def run_resources(name):

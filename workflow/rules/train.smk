@@ -28,8 +28,10 @@ rule smoke:
         # run's checkpoint (25 GB for the 35B-A3B rehearsal on a 64 GB disk), not two
         rundir=subpath(output[0], parent=True),
         launch=lambda wc: launch_command(wc.recipe, "smoke"),
+        failed=keep_failed_record,
     shell:
-        "rm -rf {params.rundir}/checkpoints && {params.launch} > {log} 2>&1 && "
+        "rm -rf {params.rundir}/checkpoints; "
+        "{params.launch} > {log} 2>&1 || {params.failed}; "
         "rm -rf {params.rundir}/checkpoints"
 
 
@@ -58,12 +60,13 @@ rule train:
     params:
         rundir=subpath(output[0], parent=True),
         launch=lambda wc: launch_command(wc.recipe, "train"),
+        failed=keep_failed_record,
         python=python(),
     shell:
         # a resumed attempt starts a new metrics.jsonl: keep the earlier steps for the curves
         "if [ -s {params.rundir}/metrics.jsonl ]; then "
         "cat {params.rundir}/metrics.jsonl >> {params.rundir}/metrics.earlier.jsonl; fi; "
-        "{params.launch} >> {log} 2>&1 && "
+        "{params.launch} >> {log} 2>&1 || {params.failed}; "
         "{params.python} workflow/scripts/check_trained.py {params.rundir} >> {log} 2>&1"
 
 
@@ -93,5 +96,6 @@ rule control:
         accelerator_jobs=1,
     params:
         launch=lambda wc: launch_command(wc.recipe, "control"),
+        failed=keep_failed_record,
     shell:
-        "{params.launch} > {log} 2>&1"
+        "{params.launch} > {log} 2>&1 || {params.failed}"
