@@ -194,7 +194,8 @@ def launch_command(name, kind):
 
 def keep_failed_record(wildcards, output):
     """Shell that copies a failed launch's run.json (its gates, exit code) aside before Snakemake removes
-    the failed job's declared output: the record of a failure is the one most worth reading."""
+    the failed job's declared output: the record of a failure is the one most worth reading.
+    """
     kept = Path(output[0]).with_name(engine_rundir.FAILED_RECORD)
     return f"{{ status=$?; cp {output[0]} {kept} 2>/dev/null; exit $status; }}"
 
