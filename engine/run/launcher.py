@@ -26,7 +26,7 @@ from typing import Any
 
 from rich.console import Console
 
-from engine import fsutil
+from engine import fsutil, procs
 from engine.checkpoint import layout
 from engine.errors import ArgumentParser, UserError
 from engine.recipes.args import add_recipe_args
@@ -138,7 +138,11 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 
 
 def execute(command: list[str], env: dict[str, str], log_path: Path, metrics: Path, total: int | None) -> int:
-    """Run verl, tee everything to the log, print one line per logged step; returns the exit code."""
+    """Run verl, tee everything to the log, print one line per logged step; returns the exit code.
+
+    verl runs in a session of its own (a Ctrl-C reaches the launcher, which stops the whole tree) that
+    ends with the launcher (engine.procs): a launcher killed outright takes verl and its Ray processes
+    with it, so no trainer goes on writing checkpoints that no attempt will publish."""
     metrics.unlink(missing_ok=True)
     with log_path.open("w") as log:
         proc = subprocess.Popen(
@@ -148,6 +152,7 @@ def execute(command: list[str], env: dict[str, str], log_path: Path, metrics: Pa
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=procs.dies_with_this_process(),
             text=True,
             errors="replace",
         )
@@ -157,18 +162,20 @@ def execute(command: list[str], env: dict[str, str], log_path: Path, metrics: Pa
         tee.start()
         shown = 0
         try:
-            while True:
-                finished = proc.poll() is not None
-                rows = read_metrics(metrics)
-                for row in rows[shown:]:
-                    console.print(progress_line(row, total))
-                shown = max(shown, len(rows))
-                if finished:
-                    break
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            _kill_tree(proc)
-            raise
+            with procs.session_reaper(proc):  # what is left of verl's session goes when this block ends
+                try:
+                    while True:
+                        finished = proc.poll() is not None
+                        rows = read_metrics(metrics)
+                        for row in rows[shown:]:
+                            console.print(progress_line(row, total))
+                        shown = max(shown, len(rows))
+                        if finished:
+                            break
+                        time.sleep(0.5)
+                except KeyboardInterrupt:
+                    _kill_tree(proc)
+                    raise
         finally:
             tee.join(timeout=30)
     return proc.returncode
