@@ -225,6 +225,7 @@ def build_record(
         "end": run.get("end"),
         "exit_code": run.get("exit_code"),
         "status": run.get("status"),
+        "rerun": run.get("rerun"),  # the record an `engine rerun` repeated, and what of it had changed
         "container": container_info(),
         "versions": versions(run.get("device")),
         "hardware": hardware(),

@@ -29,6 +29,7 @@ from rich.console import Console
 from engine import fsutil, procs
 from engine.checkpoint import layout
 from engine.errors import ArgumentParser, UserError
+from engine.hashing import sha256_file
 from engine.recipes.args import add_recipe_args
 from engine.recipes.models import TINY_MODELS
 from engine.run import gates, rundir
@@ -248,7 +249,15 @@ def terminate_as_interrupt() -> Iterator[None]:
 
 
 def run_main(argv: list[str]) -> int:
-    args = run_parser("python -m engine run").parse_args(argv)
+    parser = run_parser("python -m engine run")
+    parser.add_argument("--rerun-of", type=Path, help="set by `engine rerun`: the record this run repeats")
+    parser.add_argument(
+        "--rerun-changed",
+        action="append",
+        default=[],
+        help="set by `engine rerun --allow-changed`: what of that record no longer verified (repeatable)",
+    )
+    args = parser.parse_args(argv)
     from engine import preflight
     from engine.recipes import loader
     from engine.recipes import plan as plan_mod
@@ -305,6 +314,9 @@ def run_main(argv: list[str]) -> int:
         "status": status,
         "gates": [check.as_dict() for check in checks],
     }
+    if args.rerun_of:  # a rerun of a record that no longer verified says so, with what had changed
+        of = args.rerun_of.resolve()
+        record["rerun"] = {"record": str(of), "sha256": sha256_file(of), "changed": args.rerun_changed}
     _write_scrubbed(staged.record, json.dumps(record, indent=2) + "\n")
     where = publish_attempt(stage, out, bool(rows))
     if where != out:

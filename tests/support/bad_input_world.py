@@ -187,6 +187,11 @@ def build_inputs(root: Path) -> Path:
     }.items():
         (records / name).write_text(text)
     (records / "latin1.json").write_bytes(b'{"schema": "caf\xe9"}')
+    # a recorded run whose recipe was edited after its record was written
+    tampered = shutil.copytree(root / "run", root / "tampered_run") / "recipe.yaml"
+    edited = tampered.read_text().replace("save_freq: 2", "save_freq: 1")
+    assert edited != tampered.read_text()
+    tampered.write_text(edited)
     pdir = root / "pdir_run"
     shutil.copytree(root / "run", pdir, ignore=shutil.ignore_patterns("provenance.json"))
     (pdir / "provenance.json").mkdir()
