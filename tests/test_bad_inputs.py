@@ -214,6 +214,20 @@ RECORD_CASES = [
     Case("env-pins-list", ["verify-env"], 2, "needs top-level", env={"ENGINE_PINS": f"{W}/pins/list.yaml"}),
     Case("env-pins-latin1", ["verify-env"], 2, "not UTF-8", env={"ENGINE_PINS": f"{W}/pins/latin1.yaml"}),
     Case("env-pins-missing", ["verify-env"], 2, "not found", env={"ENGINE_PINS": f"{W}/pins/none.yaml"}),
+    Case(
+        "env-pins-packages",
+        ["verify-env"],
+        2,
+        "stacks.cpu has no 'packages' mapping of package: version",
+        env={"ENGINE_PINS": f"{W}/pins/no_packages.yaml"},
+    ),
+    Case(
+        "env-pins-holes",
+        ["verify-env", "--stack", "gpu"],
+        2,
+        "no engine.version value; no fsdp_turbo.commit value; stacks.cpu has no 'packages'",
+        env={"ENGINE_PINS": f"{W}/pins/holes.yaml"},
+    ),
     Case("wh-nothing", ["wheelhouse", "build", "--out", f"{W}/wh"], 2, "nothing to put"),
     Case(
         "wh-req-missing",

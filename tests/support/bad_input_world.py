@@ -209,6 +209,11 @@ def build_inputs(root: Path) -> Path:
         for entry in stack.get("locks", []):
             entry["path"] = str(locks / "latin1.lock")  # the drift report would read this one
     (pins / "latin1_lock.yaml").write_text(yaml.safe_dump(real))
+    holes = yaml.safe_load((repo / "containers" / "pins.yaml").read_text())
+    del holes["stacks"]["cpu"]["packages"]  # verify-env ended in KeyError: 'packages'
+    (pins / "no_packages.yaml").write_text(yaml.safe_dump(holes))
+    del holes["engine"]["version"], holes["fsdp_turbo"]["commit"]
+    (pins / "holes.yaml").write_text(yaml.safe_dump(holes))
     (locks / "range.lock").write_text("requests>=2\n")
     (locks / "twice.lock").write_text("requests==2.0\nrequests==2.1\n")
     wh = root / "wheelhouse"
