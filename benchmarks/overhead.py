@@ -19,7 +19,7 @@ from typing import Any
 
 from rich.table import Table
 
-from engine import fsutil
+from engine import bounds, fsutil
 from engine.errors import entry
 from engine.run.launcher import (
     ROOT,
@@ -90,9 +90,10 @@ def _bench_dir(out: Path) -> str | None:
 
 def bench_main(argv: list[str]) -> int:
     parser = run_parser("python -m benchmarks.overhead")
-    parser.add_argument("--max-wall", type=float, default=90.0, help="target wall seconds")
-    parser.add_argument("--max-gib", type=float, default=5.0, help="target peak memory (PSS, GiB)")
-    parser.add_argument("--max-overhead", type=float, default=1.10, help="target engine/bare wall ratio")
+    target = bounds.finite_float
+    parser.add_argument("--max-wall", type=target, default=90.0, help="target wall seconds")
+    parser.add_argument("--max-gib", type=target, default=5.0, help="target peak memory (PSS, GiB)")
+    parser.add_argument("--max-overhead", type=target, default=1.10, help="target engine/bare wall ratio")
     args = parser.parse_args(argv)
     out = args.out or ROOT / "results" / "bench" / Path(args.recipe).stem
     out = fsutil.check_out_dir(out, reuse=_bench_dir).resolve()
@@ -129,9 +130,9 @@ def bench_main(argv: list[str]) -> int:
     checks = {
         "exit_codes_zero": ours["exit_code"] == 0 and bare["exit_code"] == 0,
         "trained": all(steps == target for steps in trained.values()),
-        "wall": ours["wall_s"] <= args.max_wall,
-        "memory": ours["peak_pss_gib"] <= args.max_gib,
-        "overhead": ratio is not None and ratio <= args.max_overhead,
+        "wall": bounds.at_most(ours["wall_s"], args.max_wall),
+        "memory": bounds.at_most(ours["peak_pss_gib"], args.max_gib),
+        "overhead": bounds.at_most(ratio, args.max_overhead),
     }
     console.print(table)
     record = {

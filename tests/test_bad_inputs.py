@@ -49,6 +49,8 @@ RECIPE_CASES = [
     Case("set-section", ["render", "qwen35_27b", "--set", "parallel=2"], 2, "is a section"),
     Case("set-type", ["show", "qwen35_27b", "--set", "parallel.ep=abc"], 2, "'parallel.ep'"),
     Case("set-negative", ["show", "qwen35_27b", "--set", "data.train_batch_size=-1"], 2, "train_batch_size"),
+    Case("set-inf", ["show", "qwen35_27b", "--set", "actor.optim.lr=.inf"], 2, "finite number (got inf)"),
+    Case("set-nan", ["show", "qwen35_27b", "--set", "cluster.device_memory_gib=.nan"], 2, "finite number"),
     Case("set-name", ["show", "qwen35_27b", "--set", "name=x"], 2, "unknown recipe path 'name'"),
     Case("render-format", ["render", "qwen35_27b", "--format", "yaml"], 2, "invalid choice: 'yaml'"),
     Case("recipe-device", ["render", "smoke_qwen35_2b", *GPU], 2, "pass --device npu"),
@@ -316,6 +318,7 @@ BENCH_CASES = [
         Case("bench-keeps-plan", [*TINY, "--out", f"{W}/bench", "--set", "parallel.ep=2"], 2, "ep=2"),
     ),
     (overhead.bench_main, Case("bench-arg", ["tiny_cpu", "--max-wall", "soon"], 2, "invalid float value")),
+    (overhead.bench_main, Case("bench-inf", ["tiny_cpu", "--max-wall", "inf"], 2, "must be finite")),
     (gpu_bench.cli_main, Case("gb-model", ["run", "--model", f"{W}/nope"], 2, "no config.json")),
     (
         gpu_bench.cli_main,
