@@ -95,6 +95,33 @@ def _verl_export(tmp: Path, actor: Path) -> None:
         )
 
 
+def _quoted_record(path: Path, files: list[Path]) -> dict[str, Any]:
+    """The record the model card quotes (git commit, image, run times) must be about this checkpoint and
+    still true: it verifies (every file it names unchanged; an earlier export it names may be gone) and
+    names the checkpoint's rank files among its outputs."""
+    from engine.records import provenance
+
+    if not path.is_file():
+        raise UserError(
+            f"--record {path}: no such file; pass the provenance.json of the run, or leave it out"
+        )
+    rec = provenance.read_record(path)
+    changed = provenance.verify(path, skip_roles=("export",))
+    if changed:
+        raise UserError(
+            f"--record {path}: {len(changed)} file(s) it names changed since it was written "
+            f"({'; '.join(changed[:3])}): the card would quote a record of other files; "
+            "pass one `python -m engine provenance verify` accepts, or leave --record out"
+        )
+    named = {provenance.entry_path(path, e).resolve() for e in rec["outputs"] if e["role"] == "checkpoint"}
+    if not all(f.resolve() in named for f in files):
+        raise UserError(
+            f"--record {path}: it does not name {files[0].parent} among its checkpoints: pass the record of "
+            "the run this checkpoint belongs to, or leave --record out"
+        )
+    return rec
+
+
 def _copy_hf_side_files(hf_dir: Path, tmp: Path, dtype_name: str) -> None:
     for f in sorted(hf_dir.iterdir()):
         if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and not (tmp / f.name).exists():
@@ -122,14 +149,13 @@ def export(
     out = fsutil.check_out_dir(out).resolve()
     if out.exists():
         raise OutputError(f"--out {out} already exists: pick a new directory (exports are never overwritten)")
-    fix = "pass a provenance.json written by `python -m engine provenance write`"
-    rec = fsutil.read_json(record, "--record", fix) if record else None
     actor = merge.resolve_actor_dir(checkpoint)
     hf_dir = actor / "huggingface"
     if not (hf_dir / "config.json").is_file():
         raise UserError(f"{hf_dir}/config.json missing: the trainer saves it with the checkpoint")
     fsutil.read_json(hf_dir / "config.json", "model config", "the trainer saves it with the checkpoint")
     files = merge.rank_files(actor)
+    rec = _quoted_record(Path(record), files) if record else None
     with merge.quiet_mesh_warnings():
         plans = merge.plan_merge(files)
     meshes = sorted(merge.mesh_names(plans))

@@ -340,13 +340,21 @@ def read_record(record_path: Path) -> dict[str, Any]:
     return record
 
 
-def verify(record_path: Path) -> list[str]:
-    """Re-hash every file a record names; one line per mismatch or missing file."""
+def entry_path(record_path: Path, entry: dict[str, Any]) -> Path:
+    """Where a file the record names is: its path, relative to the record's directory unless absolute."""
+    return (
+        Path(entry["path"]) if entry["path"].startswith("/") else record_path.resolve().parent / entry["path"]
+    )
+
+
+def verify(record_path: Path, skip_roles: tuple[str, ...] = ()) -> list[str]:
+    """Re-hash every file a record names (but those of `skip_roles`); one line per changed or missing one."""
     record = read_record(record_path)
-    base = record_path.resolve().parent
     problems = []
     for entry in record["inputs"] + record["outputs"] + record["run_files"]:
-        path = Path(entry["path"]) if entry["path"].startswith("/") else base / entry["path"]
+        if entry["role"] in skip_roles:
+            continue
+        path = entry_path(record_path, entry)
         if not path.is_file():
             problems.append(f"missing: {entry['path']} ({entry['role']})")
         elif sha256_file(path) != entry["sha256"]:

@@ -211,6 +211,26 @@ def test_verify_logits_fails_on_weights_or_logits_that_are_not_finite(
     assert message in line
 
 
+@pytest.mark.slow
+def test_the_card_quotes_only_a_record_that_verifies_and_names_the_checkpoint(
+    checkpoints: dict, tmp_path: Path
+) -> None:
+    from engine.records import provenance
+    from tests.support.runs import fake_run
+
+    run = fake_run(tmp_path)
+    shutil.rmtree(run / "checkpoints")
+    shutil.copytree(checkpoints[("dense", "fsdp2")], run / "checkpoints")
+    record = provenance.write(run)
+    report = export.export(run / "checkpoints", tmp_path / "out", record=str(record))
+    assert report["method"] == "verl"
+    assert "- earlier record: overrides sha256" in (tmp_path / "out" / "README.md").read_text()
+    (run / "recipe.yaml").write_text("name: edited\n")  # after the record was written
+    with pytest.raises(UserError, match=r"--record .*changed: recipe.yaml \(run\)"):
+        export.export(run / "checkpoints", tmp_path / "again", record=str(record))
+    assert not (tmp_path / "again").exists()
+
+
 def test_checkpoint_tensors_are_held_to_the_skeleton_before_merging() -> None:
     config = transformers.Qwen3_5Config(
         text_config=TEXT | {"intermediate_size": 32},

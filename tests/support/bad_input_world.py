@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,11 @@ def build(root: Path) -> Path:
     extra = root / "extra.parquet"
     extra.write_bytes(b"extra input")
     provenance.write(run, data=[extra])
+    # a recorded run whose recipe was edited after its record was written
+    tampered = shutil.copytree(run, root / "tampered_run") / "recipe.yaml"
+    edited = tampered.read_text().replace("save_freq: 2", "save_freq: 1")
+    assert edited != tampered.read_text()
+    tampered.write_text(edited)
     # a run directory whose run.json is damaged
     damaged = root / "damaged_run"
     damaged.mkdir()
@@ -143,8 +149,6 @@ def build(root: Path) -> Path:
 def build_inputs(root: Path) -> Path:
     """Damaged inputs of every kind beside the earlier results: recipes, raw data, records, pins, locks,
     wheelhouses."""
-    import shutil
-
     import yaml
 
     repo = ROOT
@@ -187,11 +191,6 @@ def build_inputs(root: Path) -> Path:
     }.items():
         (records / name).write_text(text)
     (records / "latin1.json").write_bytes(b'{"schema": "caf\xe9"}')
-    # a recorded run whose recipe was edited after its record was written
-    tampered = shutil.copytree(root / "run", root / "tampered_run") / "recipe.yaml"
-    edited = tampered.read_text().replace("save_freq: 2", "save_freq: 1")
-    assert edited != tampered.read_text()
-    tampered.write_text(edited)
     pdir = root / "pdir_run"
     shutil.copytree(root / "run", pdir, ignore=shutil.ignore_patterns("provenance.json"))
     (pdir / "provenance.json").mkdir()
