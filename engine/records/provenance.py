@@ -202,6 +202,9 @@ def build_record(
         chained, steps = provenance_chain.steps(run_dir, exports, snakefile, run, configs)
         inputs = chained + inputs
     seen: set[Path] = set()
+    hashed = _file_entries(inputs, run_dir, seen), _file_entries(outputs, run_dir, seen)
+    manifest = run_dir.parent / "data" / "manifest.json" if snakefile is not None else None
+    provenance_chain.check_written_as([*hashed[0], *hashed[1]], run_dir, exports, manifest)
     rows = read_metrics(files.metrics)
     try:
         snakemake = metadata.version("snakemake")
@@ -234,8 +237,8 @@ def build_record(
         "python": sys.version.split()[0],
         "agent": provenance_chain.agent(repo),
         "publisher": provenance_chain.publisher(),
-        "inputs": _file_entries(inputs, run_dir, seen),
-        "outputs": _file_entries(outputs, run_dir, seen),
+        "inputs": hashed[0],
+        "outputs": hashed[1],
         "run_files": _file_entries(
             [
                 (run_dir / n, "run")

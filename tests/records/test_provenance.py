@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -82,6 +83,23 @@ def test_write_verify_and_tamper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     )
     assert any(p.startswith("missing: ") and "model.safetensors" in p for p in problems)
     assert provenance.cli_main(["verify", str(path)]) == 1
+
+
+def test_an_export_changed_since_it_was_written_is_not_recorded(tmp_path: Path) -> None:
+    """The record would vouch for it (its card says verified): SHA256SUMS is what `engine export` wrote."""
+    run = fake_run(tmp_path)
+    export_dir = tmp_path / "export"
+    export_dir.mkdir()
+    (export_dir / "model.safetensors").write_bytes(b"weights")
+    (export_dir / "SHA256SUMS").write_text(f"{hashlib.sha256(b'weights').hexdigest()}  model.safetensors\n")
+    assert provenance.write(run, exports=[export_dir]).is_file()
+    (run / "provenance.json").unlink()
+    (export_dir / "model.safetensors").write_bytes(b"swapped")
+    with pytest.raises(
+        UserError, match=r"model.safetensors: changed since written \(the export's SHA256SUMS"
+    ):
+        provenance.write(run, exports=[export_dir])
+    assert not (run / "provenance.json").exists()
 
 
 def test_ro_crate_follows_the_workflow_run_profile(tmp_path: Path) -> None:
