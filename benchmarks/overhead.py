@@ -19,7 +19,7 @@ from typing import Any
 
 from rich.table import Table
 
-from engine import bounds, fsutil
+from engine import bounds, fsutil, procs
 from engine.errors import entry
 from engine.run.launcher import (
     ROOT,
@@ -41,7 +41,13 @@ def measure(
     t0 = time.monotonic()
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            env=env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its tree is measured alone; it dies with this process (engine.procs)
+            preexec_fn=procs.dies_with_this_process(),
         )
         root = psutil.Process(proc.pid)
         peak = {"rss": 0, "pss": 0, "procs": 0}
@@ -66,7 +72,8 @@ def measure(
 
         thread = threading.Thread(target=sample, daemon=True)
         thread.start()
-        code = proc.wait()
+        with procs.session_reaper(proc):  # a Ctrl-C never reaches the bare verl in its own session
+            code = proc.wait()
         stop.set()
         thread.join()
     gib = 1024**3

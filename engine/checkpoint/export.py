@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine import fsutil
+from engine import fsutil, procs
 from engine.checkpoint import experts, layout, merge, verify
 from engine.errors import ArgumentParser, OutputError, UserError
 from engine.hashing import sha256_file
@@ -86,7 +86,9 @@ def _verl_export(tmp: Path, actor: Path) -> None:
     """verl's own merger, for the meshes it supports (writes bf16 through save_pretrained)."""
     cmd = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
     cmd += ["--local_dir", str(actor), "--target_dir", str(tmp)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, check=False, preexec_fn=procs.dies_with_this_process()
+    )
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise UserError(

@@ -101,7 +101,8 @@ def _ensure_tiny_assets(r: Any) -> None:
         return
     out = model_path.parent
     console.print(f"[dim]building tiny assets into {out} (python -m engine assets)[/dim]")
-    done = subprocess.run([sys.executable, "-m", "engine", "assets", "--out", str(out)], capture_output=True)
+    build = [sys.executable, "-m", "engine", "assets", "--out", str(out)]
+    done = subprocess.run(build, capture_output=True, preexec_fn=procs.dies_with_this_process())
     if done.returncode != 0 or not model_path.exists():
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise UserError(f"model.path {model_path}: building tiny assets failed ({tail[0]})")
