@@ -315,9 +315,10 @@ def run_main(argv: list[str]) -> int:
         "status": status,
         "gates": [check.as_dict() for check in checks],
     }
-    if args.rerun_of:  # a rerun of a record that no longer verified says so, with what had changed
+    if args.rerun_of:  # `engine rerun`: the record it repeats, and what of it did not verify
         of = args.rerun_of.resolve()
-        record["rerun"] = {"record": str(of), "sha256": sha256_file(of), "changed": args.rerun_changed}
+        digest = sha256_file(of) if of.is_file() else None  # moved meanwhile: the attempt is still recorded
+        record["rerun"] = {"record": str(of), "sha256": digest, "changed": args.rerun_changed}
     _write_scrubbed(staged.record, json.dumps(record, indent=2) + "\n")
     where = publish_attempt(stage, out, bool(rows))
     if where != out:
