@@ -344,10 +344,8 @@ def read_record(record_path: Path) -> dict[str, Any]:
 
 
 def entry_path(record_path: Path, entry: dict[str, Any]) -> Path:
-    """Where a file the record names is: its path, relative to the record's directory unless absolute."""
-    return (
-        Path(entry["path"]) if entry["path"].startswith("/") else record_path.resolve().parent / entry["path"]
-    )
+    """Where a file the record names is: relative to the record's directory (an absolute path as is)."""
+    return record_path.resolve().parent / entry["path"]  # pathlib: an absolute right side replaces it
 
 
 def verify(record_path: Path, skip_roles: tuple[str, ...] = ()) -> list[str]:
