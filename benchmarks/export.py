@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.synthetic_checkpoints import write_synthetic_checkpoints
-from engine import fsutil
+from engine import fsutil, procs
 from engine.checkpoint import layout as ckpt_layout
 from engine.errors import ArgumentParser, UserError, entry
 
@@ -51,7 +51,9 @@ def bench_config(params: float) -> Any:
 def _measure(cmd: list[str]) -> tuple[float, float, int]:
     """Wall seconds and peak RSS (GiB) of one child process, from its own rusage."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=procs.dies_with_this_process()
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)

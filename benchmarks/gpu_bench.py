@@ -28,7 +28,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from engine import errors, fsutil
+from engine import errors, fsutil, procs
 from engine.errors import ArgumentParser, UserError
 from engine.recipes.params import count_text_params
 
@@ -111,18 +111,25 @@ def run_matrix(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def run_group(cmd: list[str], log: Any, timeout: float) -> int | str:
-    """Run in its own process group and kill the whole group on timeout.
+    """Run in its own session, killed whole on timeout and when this process ends, however it ends.
 
     torch.distributed.run's workers outlive a killed launcher: left running they hold the GPU and
     the CPU, and they append a late row to the results, which skews every row measured after them.
     """
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return f"timeout after {timeout:.0f} s"
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=procs.dies_with_this_process(),
+    )
+    with procs.session_reaper(proc):
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return f"timeout after {timeout:.0f} s"
 
 
 def run_slug(mode: str, kernels: str, args: argparse.Namespace, shape: Shape) -> str:

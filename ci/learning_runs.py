@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from engine import procs
 from engine.data import assets as tiny_assets
 from engine.run import gates
 from engine.run.rundir import RunDir
@@ -39,7 +40,9 @@ def launch(name: str, out: Path, assets: Path) -> None:
         command += ["--set", item]
     load = os.getloadavg()[0]
     start = time.monotonic()
-    code = subprocess.run(command, env=dict(os.environ) | env, stdout=subprocess.DEVNULL).returncode
+    owned = procs.dies_with_this_process()  # the run (and its verl) ends with this script
+    done = subprocess.run(command, env=dict(os.environ) | env, stdout=subprocess.DEVNULL, preexec_fn=owned)
+    code = done.returncode
     print(f"{name}: exit {code}, {time.monotonic() - start:.0f} s, load at start {load:.1f}", file=sys.stderr)
 
 

@@ -2,9 +2,10 @@
 
 Meshes verl's merger understands (`fsdp`, `ddp,fsdp`) go through `verl.model_merger`; any other mesh
 (fsdp_turbo's `dp_fsdp`, expert meshes, 2-D sharding) goes through the mesh-agnostic streaming merge of
-`engine.checkpoint.merge`. Either way the result is verified (key set from a meta-device model of the config,
-shapes, dtypes, the per-expert MoE layout transformers saves and loads, optionally logits), given a
-model card and a sha256 manifest, and only then renamed from a temporary directory to DIR.
+`engine.checkpoint.merge`. Either way the checkpoint and the result are held to a meta-device model of
+the config (engine.checkpoint.verify: key set, shape and dtype of every tensor, the per-expert MoE
+layout transformers saves and loads, optionally logits), given a model card and a sha256 manifest, and
+only then renamed from a temporary directory to DIR.
 """
 
 from __future__ import annotations
@@ -17,16 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine import fsutil
-from engine.checkpoint import experts, layout, merge
+from engine import fsutil, procs
+from engine.checkpoint import experts, layout, merge, verify
 from engine.errors import ArgumentParser, OutputError, UserError
 from engine.hashing import sha256_file
 from engine.records.model_card import model_card
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".index.json", ".pt")
-LOGITS_ATOL_SAME_WEIGHTS = 1e-4  # exported weights vs the checkpoint's rounded to the export dtype
-LOGITS_RTOL_FULL_PRECISION = 5e-2  # exported vs fp32 checkpoint, relative to the largest |logit|
 
 
 def _progress() -> Any:
@@ -41,163 +40,13 @@ def _progress() -> Any:
     )
 
 
-def model_class(config: Any) -> Any:
-    import transformers
-
-    arch = (getattr(config, "architectures", None) or [None])[0]
-    if not arch or not hasattr(transformers, arch):
-        raise UserError(
-            f"config.json architectures={arch!r} is not a transformers class: fix huggingface/config.json"
-        )
-    return getattr(transformers, arch)
-
-
-def expected_layout(config: Any, dtype: Any) -> tuple[dict[str, tuple[int, ...]], set[str]]:
-    """Keys and shapes save_pretrained would write for this config, from a meta-device model."""
-    import torch
-
-    cls = model_class(config)
-    with torch.device("meta"):
-        model = cls._from_config(config, dtype=dtype)
-    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
-    shapes: dict[str, tuple[int, ...]] = {}
-    for key, tensor in model.state_dict().items():
-        if key not in tied:
-            shapes.update(experts.split_expert_specs(key, tuple(tensor.shape)))
-    return shapes, tied
-
-
-def read_exported(out: Path) -> dict[str, tuple[tuple[int, ...], str, str]]:
-    """key -> (shape, safetensors dtype, file) from the headers of the exported files."""
-    from safetensors import SafetensorError, safe_open
-
-    found: dict[str, tuple[tuple[int, ...], str, str]] = {}
-    for f in sorted(out.glob("*.safetensors")):
-        try:
-            with safe_open(f, framework="pt") as handle:
-                for key in handle.keys():  # noqa: SIM118  (a safe_open handle is not iterable)
-                    if key in found:
-                        raise UserError(f"export verification failed: {key} is in two files")
-                    piece = handle.get_slice(key)
-                    found[key] = (tuple(piece.get_shape()), piece.get_dtype(), f.name)
-        except SafetensorError as err:
-            raise UserError(
-                f"export verification failed: {f.name} is not readable safetensors ({err})"
-            ) from None
-    index = out / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        if weight_map != {k: v[2] for k, v in found.items()}:
-            raise UserError(
-                "export verification failed: model.safetensors.index.json disagrees with the shards"
-            )
-    return found
-
-
-def verify_structure(out: Path, config: Any, dtype: Any) -> dict[str, Any]:
-    """Key set, shapes, dtypes and MoE layout of the export against the model class of the config."""
-    expected, tied = expected_layout(config, dtype)
-    found = read_exported(out)
-    want_dtype = merge.SAFETENSORS_DTYPES[str(dtype)]
-    fused = [k for k in found if experts.is_fused(k)]
-    per_expert = [k for k in found if experts.is_expert_key(k)]
-    problems = (
-        [f"fused expert tensors {fused[:2]}: transformers saves and loads per-expert keys"] if fused else []
-    )
-    problems += [f"missing {k}" for k in sorted(set(expected) - set(found))]
-    problems += [f"unexpected {k}" for k in sorted(set(found) - set(expected))]
-    for key in sorted(set(expected) & set(found)):
-        shape, dt, _ = found[key]
-        if shape != expected[key]:
-            problems.append(f"{key} shape {shape} != {expected[key]}")
-        if dt != want_dtype and dt in ("BF16", "F16", "F32", "F64"):
-            problems.append(f"{key} dtype {dt} != {want_dtype}")
-    if problems:
-        raise UserError(f"export verification failed ({len(problems)} problems): {'; '.join(problems[:5])}")
-    return {
-        "keys": len(found),
-        "tied_dropped": sorted(tied),
-        "expert_keys": len(per_expert),
-        "dtype": want_dtype,
-    }
-
-
-def verify_logits(
-    out: Path, files: list[Path], plans: dict[str, merge.KeyPlan], config: Any, dtype: Any
-) -> dict:
-    """Logits of the exported model on a fixed batch against the checkpoint's own tensors."""
-    import torch
-
-    cls = model_class(config)
-    # on the GPU where there is one: with flash-linear-attention installed, transformers runs the
-    # gated-delta-net layers with its Triton kernels, which take no CPU tensors. Each model moves there
-    # before the next is built, so the host holds one fp32 copy at a time (24 GB at 6 B parameters).
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    state = dict(merge.iter_merged(files, [plans[k] for k in sorted(plans)], dtype=torch.float32))
-    reference = cls._from_config(config, dtype=torch.float32).eval()
-    missing, unexpected = reference.load_state_dict(state, strict=False)
-    del state
-    if missing or unexpected:
-        raise UserError(
-            f"checkpoint keys do not fit {cls.__name__}: missing {missing[:3]} unexpected {unexpected[:3]}"
-        )
-    reference = reference.to(device)
-    exported, info = cls.from_pretrained(out, dtype=torch.float32, output_loading_info=True)
-    if info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]:
-        raise UserError(f"export verification failed: transformers reload reports {info}")
-    exported = exported.to(device)
-    vocab = getattr(config, "text_config", config).vocab_size
-    batch = ((torch.arange(2 * 16).reshape(2, 16) * 7919 + 13) % vocab).to(device)
-    choices: list[Any] = []
-    hooks = [
-        module.register_forward_hook(lambda _m, _i, out: choices.append(out[2].sort(-1).values))
-        for module in reference.modules()
-        if type(module).__name__.endswith("TopKRouter")  # transformers' MoE routers: (logits, scores, ids)
-    ]
-    with torch.no_grad():
-        full = reference(input_ids=batch, use_cache=False).logits
-        routed_full, choices[:] = list(choices), []
-        got = exported.eval()(input_ids=batch, use_cache=False).logits
-        for p in reference.parameters():
-            p.data = p.data.to(dtype).to(torch.float32)
-        rounded = reference(input_ids=batch, use_cache=False).logits
-    for hook in hooks:
-        hook.remove()
-    same = (got - rounded).abs().max().item()
-    rel = ((got - full).abs().max() / full.abs().max().clamp_min(1e-6)).item()
-    moe = bool(hooks)
-    result = {
-        "max_abs_diff_same_weights": same,
-        "max_rel_diff_full_precision": rel,
-        "batch": list(batch.shape),
-        "atol_same_weights": LOGITS_ATOL_SAME_WEIGHTS,
-        "rtol_full_precision": LOGITS_RTOL_FULL_PRECISION,
-        # MoE: rounding the weights to the export dtype moves router logits across the top-k boundary for
-        # some tokens, and a token routed to other experts has other logits: the full-precision
-        # comparison measures that, not the export, so it is reported, and the same-weights check
-        # (exported = checkpoint rounded, every expert in its place) is the gate
-        "full_precision_gated": not moe,
-    }
-    if moe:
-        changed = [(a != b).any(-1) for a, b in zip(routed_full, choices, strict=True)]
-        result["routing_changed_share"] = torch.cat(changed).float().mean().item()
-    if same > LOGITS_ATOL_SAME_WEIGHTS or (not moe and rel > LOGITS_RTOL_FULL_PRECISION):
-        raise UserError(f"export verification failed: logits differ from the checkpoint's: {result}")
-    return result
-
-
-def _out_dtype(plan: merge.KeyPlan, dtype: Any) -> Any:
-    return dtype if plan.dtype.is_floating_point else plan.dtype
-
-
 def _dtensor_export(
     tmp: Path, files: list[Path], plans: dict[str, merge.KeyPlan], tied: set[str], dtype: Any, shard_size: int
 ) -> dict[str, str]:
     """Stream the merge into safetensors shards; returns file -> sha256 (hashed while writing)."""
     keys = [k for k in sorted(plans) if k not in tied]
-    out_bytes = {
-        k: plans[k].nbytes // plans[k].dtype.itemsize * _out_dtype(plans[k], dtype).itemsize for k in keys
-    }
+    written = {k: merge.written_dtype(plans[k].dtype, dtype) for k in keys}
+    out_bytes = {k: plans[k].nbytes // plans[k].dtype.itemsize * written[k].itemsize for k in keys}
     groups: list[list[str]] = [[]]
     size = 0
     for key in keys:
@@ -217,7 +66,7 @@ def _dtensor_export(
         task = progress.add_task("merge+write", total=sum(out_bytes.values()))
         for name, group in zip(names, groups, strict=True):
             specs = [
-                (k, s, _out_dtype(plans[key], dtype))
+                (k, s, written[key])
                 for key in group
                 for k, s in experts.split_expert_specs(key, plans[key].shape)
             ]
@@ -237,10 +86,42 @@ def _verl_export(tmp: Path, actor: Path) -> None:
     """verl's own merger, for the meshes it supports (writes bf16 through save_pretrained)."""
     cmd = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
     cmd += ["--local_dir", str(actor), "--target_dir", str(tmp)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, check=False, preexec_fn=procs.dies_with_this_process()
+    )
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise UserError(f"verl.model_merger failed (exit {proc.returncode}): {tail[0]}; try --method dtensor")
+        raise UserError(
+            f"verl.model_merger failed (exit {proc.returncode}): {tail[0]}; --method dtensor merges without "
+            "it (the checkpoint and the export are verified the same way)"
+        )
+
+
+def _quoted_record(path: Path, files: list[Path]) -> dict[str, Any]:
+    """The record the model card quotes (git commit, image, run times) must be about this checkpoint and
+    still true: it verifies (every file it names unchanged; an earlier export it names may be gone) and
+    names the checkpoint's rank files among its outputs."""
+    from engine.records import provenance
+
+    if not path.is_file():
+        raise UserError(
+            f"--record {path}: no such file; pass the provenance.json of the run, or leave it out"
+        )
+    rec = provenance.read_record(path)
+    changed = provenance.verify(path, skip_roles=("export",))
+    if changed:
+        raise UserError(
+            f"--record {path}: {len(changed)} file(s) it names changed since it was written "
+            f"({'; '.join(changed[:3])}): the card would quote a record of other files; "
+            "pass one `python -m engine provenance verify` accepts, or leave --record out"
+        )
+    named = {provenance.entry_path(path, e).resolve() for e in rec["outputs"] if e["role"] == "checkpoint"}
+    if not all(f.resolve() in named for f in files):
+        raise UserError(
+            f"--record {path}: it does not name {files[0].parent} among its checkpoints: pass the record of "
+            "the run this checkpoint belongs to, or leave --record out"
+        )
+    return rec
 
 
 def _copy_hf_side_files(hf_dir: Path, tmp: Path, dtype_name: str) -> None:
@@ -270,14 +151,13 @@ def export(
     out = fsutil.check_out_dir(out).resolve()
     if out.exists():
         raise OutputError(f"--out {out} already exists: pick a new directory (exports are never overwritten)")
-    fix = "pass a provenance.json written by `python -m engine provenance write`"
-    rec = fsutil.read_json(record, "--record", fix) if record else None
     actor = merge.resolve_actor_dir(checkpoint)
     hf_dir = actor / "huggingface"
     if not (hf_dir / "config.json").is_file():
         raise UserError(f"{hf_dir}/config.json missing: the trainer saves it with the checkpoint")
     fsutil.read_json(hf_dir / "config.json", "model config", "the trainer saves it with the checkpoint")
     files = merge.rank_files(actor)
+    rec = _quoted_record(Path(record), files) if record else None
     with merge.quiet_mesh_warnings():
         plans = merge.plan_merge(files)
     meshes = sorted(merge.mesh_names(plans))
@@ -296,19 +176,20 @@ def export(
         raise UserError(f"{hf_dir}/config.json: transformers cannot read it ({first}); re-copy it") from None
     dtype_name = "bfloat16" if dtype == "auto" else DTYPES[dtype]
     torch_dtype = getattr(torch, dtype_name)
+    verify.check_checkpoint(plans, config, torch_dtype)  # before either method reads a tensor
     with fsutil.publish_dir(out) as tmp:
         started = time.time()
-        _, tied = expected_layout(config, torch_dtype)
+        _, tied = verify.skeleton(config, torch_dtype)
         if method == "verl":
             _verl_export(tmp, actor)
             hashes: dict[str, str] = {}
         else:
             hashes = _dtensor_export(tmp, files, plans, tied, torch_dtype, shard_size)
         _copy_hf_side_files(hf_dir, tmp, dtype_name)
-        verification: dict[str, Any] = {"structure": verify_structure(tmp, config, torch_dtype)}
+        verification: dict[str, Any] = {"structure": verify.verify_structure(tmp, config, torch_dtype)}
         if logits:
             with merge.quiet_mesh_warnings():
-                verification["logits"] = verify_logits(tmp, files, plans, config, torch_dtype)
+                verification["logits"] = verify.verify_logits(tmp, files, plans, config, torch_dtype)
         step = layout.step_name(actor.parent)
         report = {
             "checkpoint": str(actor),
@@ -316,7 +197,7 @@ def export(
             "world_size": len(files),
             "meshes": meshes,
             "method": method,
-            "architecture": model_class(config).__name__,
+            "architecture": verify.model_class(config).__name__,
             "verification": verification,
             "seconds": round(time.time() - started, 2),
         }

@@ -167,8 +167,8 @@ def plan_merge(files: list[Path]) -> dict[str, KeyPlan]:
                 shape, names, dtype = tuple(value.shape), None, value.dtype
                 region = tuple((0, n) for n in shape)
             plan = plans.setdefault(key, KeyPlan(key, shape, dtype, names))
-            if plan.shape != shape or plan.mesh_names != names:
-                raise UserError(f"{key}: rank {rank} disagrees with rank 0 on shape or mesh")
+            if plan.shape != shape or plan.mesh_names != names or plan.dtype != dtype:
+                raise UserError(f"{key}: rank {rank} disagrees with rank 0 on shape, dtype or mesh")
             if all(region != r for _, r in plan.pieces):
                 plan.pieces.append((rank, region))
         del sd
@@ -190,6 +190,12 @@ def mesh_names(plans: dict[str, KeyPlan]) -> set[tuple[str, ...]]:
     return {p.mesh_names for p in plans.values() if p.mesh_names is not None}
 
 
+def written_dtype(stored: Any, dtype: Any) -> Any:
+    """The dtype a tensor is merged and exported in: a floating one in `dtype` (when given), any other as
+    stored. Export checks first that a tensor is floating exactly where the model's is (verify.py)."""
+    return dtype if dtype is not None and stored.is_floating_point else stored
+
+
 def iter_merged(
     files: list[Path], plans: Iterable[KeyPlan], dtype: Any = None, window_bytes: int = 512 << 20
 ) -> Iterator[tuple[str, Any]]:
@@ -199,8 +205,7 @@ def iter_merged(
     loaded: dict[int, dict[str, Any]] = {}
     read = 0
     for plan in plans:
-        out_dtype = dtype if dtype is not None and plan.dtype.is_floating_point else plan.dtype
-        full = torch.empty(plan.shape, dtype=out_dtype)
+        full = torch.empty(plan.shape, dtype=written_dtype(plan.dtype, dtype))
         for rank, region in plan.pieces:
             if rank not in loaded:
                 loaded[rank] = _load(files[rank])

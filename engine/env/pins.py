@@ -55,15 +55,37 @@ def pins_path() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[2] / "containers" / "pins.yaml"
 
 
+# What the readers of a pins file index besides each stack's packages (verify-env, provenance, the
+# RO-Crate, the image builder): checked when it is loaded, so a gap is one error line, not a KeyError.
+REQUIRED = (
+    ("engine", "version"),
+    ("image", "source"),
+    ("fsdp_turbo", "repository"),
+    ("fsdp_turbo", "commit"),
+)
+
+
 def load_pins(path: Path | str | None = None) -> dict[str, Any]:
-    """Parse and minimally validate the pins file; a bad file is a UserError naming it."""
+    """Parse the pins file and check what its readers index; a bad file is a UserError naming it."""
     target = Path(path) if path is not None else pins_path()
     if not target.exists():
         raise UserError(f"pins file {target} not found: set {PINS_ENV}=<path to containers/pins.yaml>")
     data = fsutil.read_yaml(target, "pins file", f"fix it or set {PINS_ENV}=<path to containers/pins.yaml>")
     if not isinstance(data, dict) or not isinstance(data.get("stacks"), dict) or "engine" not in data:
         raise UserError(f"pins file {target}: needs top-level 'engine' and 'stacks' mappings")
+    problems = [f"no {key}.{field} value" for key, field in REQUIRED if not _scalar(data.get(key), field)]
+    for name, stack in data["stacks"].items():
+        packages = stack.get("packages") if isinstance(stack, dict) else None
+        if not isinstance(packages, dict) or not all(_scalar(packages, package) for package in packages):
+            problems.append(f"stacks.{name} has no 'packages' mapping of package: version")
+    if problems:
+        raise UserError(f"pins file {target}: {'; '.join(problems)}; add them (as in containers/pins.yaml)")
     return data
+
+
+def _scalar(section: Any, key: str) -> bool:
+    value = section.get(key) if isinstance(section, dict) else None
+    return isinstance(value, str | int | float) and not isinstance(value, bool)
 
 
 def stack_pins(stack: str, pins: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -202,6 +202,9 @@ def build_record(
         chained, steps = provenance_chain.steps(run_dir, exports, snakefile, run, configs)
         inputs = chained + inputs
     seen: set[Path] = set()
+    hashed = _file_entries(inputs, run_dir, seen), _file_entries(outputs, run_dir, seen)
+    manifest = run_dir.parent / "data" / "manifest.json" if snakefile is not None else None
+    provenance_chain.check_written_as([*hashed[0], *hashed[1]], run_dir, exports, manifest)
     rows = read_metrics(files.metrics)
     try:
         snakemake = metadata.version("snakemake")
@@ -225,6 +228,7 @@ def build_record(
         "end": run.get("end"),
         "exit_code": run.get("exit_code"),
         "status": run.get("status"),
+        "rerun": run.get("rerun"),  # the record an `engine rerun` repeated, and what of it had changed
         "container": container_info(),
         "versions": versions(run.get("device")),
         "hardware": hardware(),
@@ -233,8 +237,8 @@ def build_record(
         "python": sys.version.split()[0],
         "agent": provenance_chain.agent(repo),
         "publisher": provenance_chain.publisher(),
-        "inputs": _file_entries(inputs, run_dir, seen),
-        "outputs": _file_entries(outputs, run_dir, seen),
+        "inputs": hashed[0],
+        "outputs": hashed[1],
         "run_files": _file_entries(
             [
                 (run_dir / n, "run")
@@ -339,13 +343,19 @@ def read_record(record_path: Path) -> dict[str, Any]:
     return record
 
 
-def verify(record_path: Path) -> list[str]:
-    """Re-hash every file a record names; one line per mismatch or missing file."""
+def entry_path(record_path: Path, entry: dict[str, Any]) -> Path:
+    """Where a file the record names is: relative to the record's directory (an absolute path as is)."""
+    return record_path.resolve().parent / entry["path"]  # pathlib: an absolute right side replaces it
+
+
+def verify(record_path: Path, skip_roles: tuple[str, ...] = ()) -> list[str]:
+    """Re-hash every file a record names (but those of `skip_roles`); one line per changed or missing one."""
     record = read_record(record_path)
-    base = record_path.resolve().parent
     problems = []
     for entry in record["inputs"] + record["outputs"] + record["run_files"]:
-        path = Path(entry["path"]) if entry["path"].startswith("/") else base / entry["path"]
+        if entry["role"] in skip_roles:
+            continue
+        path = entry_path(record_path, entry)
         if not path.is_file():
             problems.append(f"missing: {entry['path']} ({entry['role']})")
         elif sha256_file(path) != entry["sha256"]:

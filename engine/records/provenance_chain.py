@@ -51,6 +51,30 @@ def checkpoint_files(run_dir: Path) -> list[Path]:
     return files_of([chosen if step and chosen.is_dir() else root])
 
 
+def check_written_as(
+    entries: list[dict[str, Any]], run_dir: Path, exports: list[Path], data_manifest: Path | None
+) -> None:
+    """Each hashed file of an export (its SHA256SUMS) or of the chain's data set (its manifest.json) must
+    be as its own command wrote it: the record vouches for it ("keys verified", "N rows")."""
+    expected: dict[Path, str] = {}
+    for export in exports:
+        sums = export / "SHA256SUMS"
+        for line in sums.read_text(errors="replace").splitlines() if sums.is_file() else []:
+            digest, _, name = line.partition("  ")
+            expected[(export / name).resolve()] = digest
+    if data_manifest is not None and data_manifest.is_file():
+        files = json.loads(data_manifest.read_text()).get("files", {})
+        for name, entry in files.items() if isinstance(files, dict) else []:
+            expected[(data_manifest.parent / name).resolve()] = (entry or {}).get("sha256")
+    found = {(run_dir / e["path"]).resolve(): e for e in entries}
+    changed = [e["path"] for path, e in found.items() if expected.get(path) not in (None, e["sha256"])]
+    if changed:
+        raise UserError(
+            f"{', '.join(changed[:3])}: changed since written (the export's SHA256SUMS or the data set's "
+            "manifest.json says otherwise); export or prepare it again: the record would vouch for it"
+        )
+
+
 def steps(
     run_dir: Path, exports: list[Path], snakefile: Path, run: dict[str, Any], model_config: list[Path]
 ) -> tuple[list[tuple[Path, str]], list[dict[str, Any]]]:

@@ -10,9 +10,10 @@ the thresholds are data, keyed by device (agreement) and by recipe (learning), e
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from engine import bounds
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 EXIT_GATE_FAILED = 3
@@ -44,13 +45,13 @@ class Agreement:
     max_drop: float | None = None
 
     def holds(self, value: float | None, first: float | None = None) -> bool:
-        if value is None:
-            return False
+        """Within the bound; a missing, NaN or infinite value never holds (engine.bounds)."""
         if not self.floor:
-            return value <= self.limit
-        if self.max_drop is not None and first is not None and value < first - self.max_drop:
+            return bounds.at_most(value, self.limit)
+        drop = self.max_drop
+        if drop is not None and first is not None and not bounds.at_least(value, first - drop):
             return False
-        return value >= self.limit
+        return bounds.at_least(value, self.limit)
 
 
 @dataclass(frozen=True)
@@ -143,19 +144,21 @@ def agreement(
         return GateResult(name, SKIP, f"no {key} logged (rollout.calculate_log_probs off?)")
     first = gaps[0][1]
     bad = [(step, gap) for step, gap in gaps if not limit.holds(gap, first)]
-    finite_gaps = [gap for _, gap in gaps if gap is not None and math.isfinite(gap)]
+    finite_gaps = [value for _, gap in gaps if (value := bounds.finite(gap)) is not None]
     worst = (min if limit.floor else max)(finite_gaps, default=float("nan"))
     wrong, right, extreme = ("<", ">=", "smallest") if limit.floor else (">", "<=", "largest")
     bound = f"{limit.limit:g}"
     drop = limit.max_drop if limit.floor else None
-    if drop is not None and first is not None and math.isfinite(first) and first - drop > limit.limit:
-        bound = f"{first - drop:.3g} (step {gaps[0][0]}'s {first:.3g} - {drop:g})"  # the tighter bound
+    start = bounds.finite(first)
+    if drop is not None and start is not None and bounds.above(start - drop, limit.limit):
+        bound = f"{start - drop:.3g} (step {gaps[0][0]}'s {start:.3g} - {drop:g})"  # the tighter bound
     if bad:
         step, gap = bad[0]
+        shown = "missing" if gap is None else format(gap, ".3g")
         return GateResult(
             name,
             FAIL,
-            f"{key} {gap:.3g} {wrong} {bound} at step {step} ({len(bad)} of {len(gaps)} steps): "
+            f"{key} {shown} {wrong} {bound} at step {step} ({len(bad)} of {len(gaps)} steps): "
             "the rollout did not sample from the weights the actor trained",
             step,
         )
@@ -169,8 +172,7 @@ def finite(rows: list[dict[str, Any]]) -> GateResult:
         return GateResult(name, SKIP, "no steps logged")
     for step, data in _steps(rows):
         for key in FINITE_KEYS:
-            value = _number(data.get(key))
-            if value is None or not math.isfinite(value):
+            if bounds.finite(data.get(key)) is None:
                 return GateResult(name, FAIL, f"{key} is {data.get(key)!r} at step {step}", step)
     return GateResult(name, PASS, f"{', '.join(FINITE_KEYS)} finite at all {len(rows)} steps")
 
@@ -181,11 +183,11 @@ def signal(rows: list[dict[str, Any]]) -> GateResult:
     if not rows:
         return GateResult(name, SKIP, "no steps logged")
     for step, data in _steps(rows):
-        grad, high, low = (_number(data.get(key)) for key in (GRAD_NORM, ADV_MAX, ADV_MIN))
-        if high is None or low is None or not high > low:
+        grad, high, low = (data.get(key) for key in (GRAD_NORM, ADV_MAX, ADV_MIN))
+        if not bounds.above(high, low):
             detail = f"every GRPO group scored alike at step {step} (all advantages 0)"
             return GateResult(name, FAIL, detail, step)
-        if grad is None or not grad > 0:
+        if not bounds.above(grad, 0):
             return GateResult(name, FAIL, f"{GRAD_NORM} is {grad} at step {step}", step)
     return GateResult(name, PASS, f"reward spread in groups and grad_norm > 0 at all {len(rows)} steps")
 
@@ -203,15 +205,15 @@ def learning(rows: list[dict[str, Any]], criterion: Learning | None) -> GateResu
         return GateResult(name, SKIP, detail)
     if len(steps) < 2 * k:
         return GateResult(name, SKIP, f"{len(steps)} steps logged; the criterion needs {2 * k}")
-    rewards = [_number(data.get(REWARD)) for _, data in steps]
-    if any(value is None or not math.isfinite(value) for value in rewards):
+    rewards = [bounds.finite(data.get(REWARD)) for _, data in steps]
+    if any(value is None for value in rewards):
         return GateResult(name, FAIL, f"{REWARD} missing or not finite at some step")
     start, end = sum(rewards[:k]) / k, sum(rewards[-k:]) / k  # type: ignore[arg-type]
     detail = (
         f"mean reward of the last {k} steps {end:.4f} - first {k} {start:.4f} = {end - start:+.4f} "
         f"(needs > {criterion.margin:g})"
     )
-    return GateResult(name, PASS if end - start > criterion.margin else FAIL, detail)
+    return GateResult(name, PASS if bounds.above(end - start, criterion.margin) else FAIL, detail)
 
 
 def evaluate(rows: list[dict[str, Any]], device: str, recipe: str, moe: bool = False) -> list[GateResult]:

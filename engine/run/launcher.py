@@ -26,9 +26,10 @@ from typing import Any
 
 from rich.console import Console
 
-from engine import fsutil
+from engine import fsutil, procs
 from engine.checkpoint import layout
 from engine.errors import ArgumentParser, UserError
+from engine.hashing import sha256_file
 from engine.recipes.args import add_recipe_args
 from engine.recipes.models import TINY_MODELS
 from engine.run import devices, gates, rundir
@@ -107,7 +108,8 @@ def _ensure_tiny_assets(r: Any) -> None:
         return
     out = model_path.parent
     console.print(f"[dim]building tiny assets into {out} (python -m engine assets)[/dim]")
-    done = subprocess.run([sys.executable, "-m", "engine", "assets", "--out", str(out)], capture_output=True)
+    build = [sys.executable, "-m", "engine", "assets", "--out", str(out)]
+    done = subprocess.run(build, capture_output=True, preexec_fn=procs.dies_with_this_process())
     if done.returncode != 0 or not model_path.exists():
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise UserError(f"model.path {model_path}: building tiny assets failed ({tail[0]})")
@@ -145,7 +147,11 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 
 
 def execute(command: list[str], env: dict[str, str], log_path: Path, metrics: Path, total: int | None) -> int:
-    """Run verl, tee everything to the log, print one line per logged step; returns the exit code."""
+    """Run verl, tee everything to the log, print one line per logged step; returns the exit code.
+
+    verl runs in a session of its own (a Ctrl-C reaches the launcher, which stops the whole tree) that
+    ends with the launcher (engine.procs): a launcher killed outright takes verl and its Ray processes
+    with it, so no trainer goes on writing checkpoints that no attempt will publish."""
     metrics.unlink(missing_ok=True)
     with log_path.open("w") as log:
         proc = subprocess.Popen(
@@ -155,6 +161,7 @@ def execute(command: list[str], env: dict[str, str], log_path: Path, metrics: Pa
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=procs.dies_with_this_process(),
             text=True,
             errors="replace",
         )
@@ -164,18 +171,20 @@ def execute(command: list[str], env: dict[str, str], log_path: Path, metrics: Pa
         tee.start()
         shown = 0
         try:
-            while True:
-                finished = proc.poll() is not None
-                rows = read_metrics(metrics)
-                for row in rows[shown:]:
-                    console.print(progress_line(row, total))
-                shown = max(shown, len(rows))
-                if finished:
-                    break
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            _kill_tree(proc)
-            raise
+            with procs.session_reaper(proc):  # what is left of verl's session goes when this block ends
+                try:
+                    while True:
+                        finished = proc.poll() is not None
+                        rows = read_metrics(metrics)
+                        for row in rows[shown:]:
+                            console.print(progress_line(row, total))
+                        shown = max(shown, len(rows))
+                        if finished:
+                            break
+                        time.sleep(0.5)
+                except KeyboardInterrupt:
+                    _kill_tree(proc)
+                    raise
         finally:
             tee.join(timeout=30)
     return proc.returncode
@@ -248,7 +257,15 @@ def terminate_as_interrupt() -> Iterator[None]:
 
 
 def run_main(argv: list[str]) -> int:
-    args = run_parser("python -m engine run").parse_args(argv)
+    parser = run_parser("python -m engine run")
+    parser.add_argument("--rerun-of", type=Path, help="set by `engine rerun`: the record this run repeats")
+    parser.add_argument(
+        "--rerun-changed",
+        action="append",
+        default=[],
+        help="set by `engine rerun --allow-changed`: what of that record no longer verified (repeatable)",
+    )
+    args = parser.parse_args(argv)
     from engine import preflight
     from engine.recipes import loader
     from engine.recipes import plan as plan_mod
@@ -321,6 +338,10 @@ def run_main(argv: list[str]) -> int:
         "status": status,
         "gates": [check.as_dict() for check in checks],
     }
+    if args.rerun_of:  # `engine rerun`: the record it repeats, and what of it did not verify
+        of = args.rerun_of.resolve()
+        digest = sha256_file(of) if of.is_file() else None  # moved meanwhile: the attempt is still recorded
+        record["rerun"] = {"record": str(of), "sha256": digest, "changed": args.rerun_changed}
     _write_scrubbed(staged.record, json.dumps(record, indent=2) + "\n")
     where = publish_attempt(stage, out, bool(rows))
     if where != out:

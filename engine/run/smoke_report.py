@@ -26,12 +26,11 @@ code is 1 when a gate fails.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from engine import fsutil
+from engine import bounds, fsutil
 from engine.errors import ArgumentParser, UserError
 from engine.recipes import models
 from engine.run import devices, gates
@@ -49,10 +48,6 @@ PROBS_DIFF = "training/rollout_probs_diff_mean"
 LOG_PPL_DIFF = "rollout_corr/log_ppl_abs_diff"
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
-
-
 def _first(data: dict[str, Any], *keys: str) -> Any:
     return next((data[key] for key in keys if key in data), None)
 
@@ -61,11 +56,11 @@ def step_figures(data: dict[str, Any], sequences: int) -> dict[str, Any]:
     """One step's split, rollout throughput and peak memory (None where verl did not log it)."""
     split = {name: data.get(f"timing_s/{key}") for name, key in SPLIT.items()}
     gen, length = split["generation"], data.get("response_length/mean")
-    tokens = length * sequences if _finite(length) else None
+    tokens = length * sequences if bounds.finite(length) is not None else None
     return {
         **{f"{name}_s": value for name, value in split.items()},
         "response_tokens": tokens,
-        "rollout_tokens_per_s": tokens / gen if tokens and _finite(gen) and gen > 0 else None,
+        "rollout_tokens_per_s": tokens / gen if tokens and bounds.above(gen, 0) else None,
         # verl 0.9.1 logs the actor's as actor/perf/...; older releases as perf/...
         "trainer_peak_allocated_gib": _first(
             data, "actor/perf/max_memory_allocated_gb", "perf/max_memory_allocated_gb"
@@ -162,7 +157,7 @@ def drift(initial: Path, trained: Path, prompts: int = 8, new_tokens: int = 32) 
     import torch
     from transformers import AutoConfig
 
-    from engine.checkpoint.export import model_class
+    from engine.checkpoint.verify import model_class
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     load = {"dtype": torch.bfloat16 if device == "cuda" else torch.float32}
@@ -196,7 +191,7 @@ def _table(result: dict[str, Any]) -> str:
         ]
         cells += [s[k] for k in ("generation_s", "old_log_prob_s", "update_actor_s", "weight_sync_s")]
         cells += [s["step_s"], s["rollout_tokens_per_s"]]
-        text = "  ".join(format(c, ".4g") if _finite(c) else "-" for c in cells)
+        text = "  ".join(format(c, ".4g") if bounds.finite(c) is not None else "-" for c in cells)
         lines.append(f"{s['step']:>4}  {text}")
     lines += [f"gate {g['name']}: {g['status'].upper()} - {g['detail']}" for g in result["gates"]]
     return "\n".join(lines)
@@ -206,10 +201,12 @@ def cli_main(argv: list[str]) -> int:
     prog, about = "python -m engine smoke-report", __doc__.splitlines()[0]
     parser = ArgumentParser(prog=prog, description=about)
     parser.add_argument("run_dir", type=Path, help="directory written by `engine run`")
-    parser.add_argument("--max-probs-diff", type=float, default=0.01, help="gate on verl's probs diff mean")
+    parser.add_argument(
+        "--max-probs-diff", type=bounds.finite_float, default=0.01, help="gate on verl's probs diff mean"
+    )
     parser.add_argument(
         "--min-probs-corr",
-        type=float,
+        type=bounds.finite_float,
         default=None,
         help="floor on verl's probs corr (default: the GPU gate of the run's model kind, dense or MoE)",
     )
@@ -225,7 +222,7 @@ def cli_main(argv: list[str]) -> int:
                 raise UserError(f"--drift {path}: not a Hugging Face model directory (no config.json)")
         moved = drift(*args.drift)
         result["drift"] = moved
-        result["drift_exceeds_thresholds"] = moved["probs_diff_mean"] > args.max_probs_diff
+        result["drift_exceeds_thresholds"] = not bounds.at_most(moved["probs_diff_mean"], args.max_probs_diff)
     fsutil.atomic_write(target, json.dumps(result, indent=2) + "\n")
     print(_table(result))
     if "drift" in result:

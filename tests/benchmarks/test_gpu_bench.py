@@ -115,6 +115,45 @@ def test_timeout_kills_the_workers_a_launcher_started(tmp_path: Path) -> None:
     assert state in ("gone", "Z"), f"worker {worker} survived the timeout (state {state})"
 
 
+def test_a_killed_bench_takes_its_launcher_and_workers_with_it(tmp_path: Path) -> None:
+    """SIGKILL of the bench itself (no timeout reached): nothing it started keeps the GPU."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    log = tmp_path / "run.log"
+    code = (
+        "import sys; from benchmarks import gpu_bench\n"
+        "with open(sys.argv[1], 'w') as log:\n"
+        "    gpu_bench.run_group(['bash', '-c', 'echo $$; sleep 60 & echo $!; wait'], log, timeout=300)\n"
+    )
+    bench = subprocess.Popen(
+        [sys.executable, "-c", code, str(log)], cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}
+    )
+    deadline = time.monotonic() + 60
+    while len(log.read_text().split() if log.exists() else []) < 2:
+        assert time.monotonic() < deadline and bench.poll() is None
+        time.sleep(0.1)
+    launcher, worker = (int(pid) for pid in log.read_text().split())
+    bench.send_signal(signal.SIGKILL)
+    bench.wait()
+
+    def alive(pid: int) -> bool:
+        stat = Path(f"/proc/{pid}/stat")
+        return stat.exists() and stat.read_text().rpartition(")")[2].split()[0] != "Z"
+
+    deadline = time.monotonic() + 10
+    while (left := [pid for pid in (launcher, worker) if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"outlived the bench: {left}"
+
+
 def test_parse_shapes_and_bad_shapes(tmp_path: Path) -> None:
     assert gpu_bench.parse_shapes("4/4/2048, 2/1/4096") == [(4, 4, 2048), (2, 1, 4096)]
     with pytest.raises(argparse.ArgumentTypeError, match="BATCH/MBS/SEQ"):

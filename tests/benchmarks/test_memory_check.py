@@ -3,6 +3,8 @@ calibration holds for every recorded row, dense and MoE, within the +-15% target
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from benchmarks import memory_check
@@ -48,3 +50,15 @@ def test_cli_exit_codes(tmp_path) -> None:
         memory_check.cli_main([rows, "--recipe", "qwen35_35b_h200", "--modes", "plain"])
     with pytest.raises(UserError, match="cannot read"):
         memory_check.cli_main([str(tmp_path / "absent.jsonl"), "--recipe", "qwen35_35b_h200"])
+    with pytest.raises(UserError, match="must be finite"):
+        memory_check.cli_main([rows, "--recipe", "qwen35_35b_h200", "--tolerance", "inf"])
+
+
+def test_a_nan_peak_fails_wherever_it_is(tmp_path) -> None:
+    """max() skips a NaN that is not first, so the largest error alone passed a NaN peak."""
+    lines = (RECORDS / "h200-moe-2026-12-01/bench/moe.jsonl").read_text().splitlines()
+    measured = [line for line in lines if '"verl-packed"' in line and '"error"' not in line]
+    broken = json.loads(measured[1]) | {"peak_alloc_gib": float("nan")}
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("\n".join([measured[0], json.dumps(broken)]) + "\n")
+    assert memory_check.cli_main([str(rows), "--recipe", "qwen35_35b_h200", "--modes", "verl-packed"]) == 1

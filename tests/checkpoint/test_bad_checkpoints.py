@@ -99,6 +99,14 @@ EXPORT_CASES = [
     Case("exp-hf-model", _export("hf_model", "--method", "dtensor"), 2, "transformers cannot read it"),
     Case("exp-record-missing", _export("ckpt", "--record", f"{W}/nope.json"), 2, "no such file"),
     Case("exp-record-json", _export("ckpt", "--record", f"{W}/bad_record.json"), 2, "not valid JSON"),
+    # the model card quotes the record: it must still verify, and be about this checkpoint
+    Case(
+        "exp-record-changed",
+        _export("ckpt", "--record", f"{W}/tampered_run/provenance.json"),
+        2,
+        "1 file(s) it names changed since it was written (changed: recipe.yaml (run)",
+    ),
+    Case("exp-record-other", _export("ckpt", "--record", f"{W}/run/provenance.json"), 2, "does not name"),
     Case("exp-dtype-auto", _export("ckpt", "--dtype", "fp32"), 2, "writes bf16 only"),
     Case("exp-dtype-verl", _export("ckpt", "--method", "verl", "--dtype", "fp16"), 2, "writes bf16 only"),
     Case("exp-shard", _export("ckpt", "--shard-size", "2XB"), 2, "--shard-size"),

@@ -8,9 +8,12 @@ experts on an `("ep","efsdp")` mesh and replicated plain tensors; nested 2-D `("
 from __future__ import annotations
 
 import json
+import math
 import re
+import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +21,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from benchmarks.synthetic_checkpoints import write_synthetic_checkpoints  # noqa: E402
-from engine.checkpoint import experts, export, merge  # noqa: E402
+from engine import cli, errors  # noqa: E402
+from engine.checkpoint import experts, export, merge, verify  # noqa: E402
 from engine.errors import UserError  # noqa: E402
 
 TEXT = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
@@ -100,7 +104,7 @@ def test_verl_merger_rejects_turbo_meshes_and_auto_falls_back(checkpoints: dict,
     assert "model.language_model.layers.0.mlp.experts.3.up_proj.weight" in index["weight_map"]
     assert not [k for k in index["weight_map"] if k.endswith("experts.gate_up_proj")]
     assert report["verification"]["structure"]["expert_keys"] == 2 * 4 * 3
-    assert report["verification"]["logits"]["max_abs_diff_same_weights"] <= export.LOGITS_ATOL_SAME_WEIGHTS
+    assert report["verification"]["logits"]["max_abs_diff_same_weights"] <= verify.LOGITS_ATOL_SAME_WEIGHTS
     subprocess.run(["sha256sum", "--check", "--quiet", "SHA256SUMS"], cwd=out, check=True)
     assert "Qwen3_5MoeForConditionalGeneration" in (out / "README.md").read_text()
     assert not list(tmp_path.glob(".out.partial-*"))
@@ -120,7 +124,7 @@ def test_verl_merger_path_is_verified(checkpoints: dict, tmp_path: Path) -> None
     report = export.export(checkpoints[("dense", "fsdp2")], tmp_path / "verl", logits=True)
     assert report["method"] == "verl"
     assert report["verification"]["structure"]["dtype"] == "BF16"
-    assert report["verification"]["logits"]["max_abs_diff_same_weights"] <= export.LOGITS_ATOL_SAME_WEIGHTS
+    assert report["verification"]["logits"]["max_abs_diff_same_weights"] <= verify.LOGITS_ATOL_SAME_WEIGHTS
 
 
 @pytest.mark.slow
@@ -134,7 +138,7 @@ def test_moe_logit_check_counts_router_choices_and_gates_on_the_same_weights(
     logits = report["verification"]["logits"]
     assert logits["full_precision_gated"] is False
     assert 0.0 <= logits["routing_changed_share"] <= 1.0
-    assert logits["max_abs_diff_same_weights"] <= export.LOGITS_ATOL_SAME_WEIGHTS
+    assert logits["max_abs_diff_same_weights"] <= verify.LOGITS_ATOL_SAME_WEIGHTS
     dense = export.export(checkpoints[("dense", "hsdp")], tmp_path / "dense", logits=True)
     assert dense["verification"]["logits"]["full_precision_gated"] is True
     assert "routing_changed_share" not in dense["verification"]["logits"]
@@ -142,8 +146,6 @@ def test_moe_logit_check_counts_router_choices_and_gates_on_the_same_weights(
 
 @pytest.mark.slow
 def test_broken_checkpoints_fail_cleanly_and_leave_nothing(checkpoints: dict, tmp_path: Path) -> None:
-    import shutil
-
     broken = tmp_path / "broken"
     shutil.copytree(checkpoints[("moe", "turbo")], broken)
     actor = broken / "global_step_3" / "actor"
@@ -155,6 +157,93 @@ def test_broken_checkpoints_fail_cleanly_and_leave_nothing(checkpoints: dict, tm
         export.export(broken, tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     assert not list(tmp_path.glob(".*partial*"))
+
+
+def _damaged(source: Path, dest: Path, change: Any) -> Path:
+    """A copy of a checkpoint whose lm_head is changed in every rank file."""
+    shutil.copytree(source, dest)
+    for rank_file in dest.glob("global_step_*/actor/model_world_size_*_rank_*.pt"):
+        state = torch.load(rank_file, weights_only=False)
+        state["lm_head.weight"]._local_tensor = change(state["lm_head.weight"]._local_tensor)
+        torch.save(state, rank_file)
+    return dest
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """`engine export ARGV` exits 2 with one `error:` line (transformers' loading bar may precede it) and
+    leaves nothing beside --out; returns the line."""
+    out = Path(argv[argv.index("--out") + 1])
+    assert errors.boundary(cli.main, argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert [line for line in lines if line.startswith("error: ")] == lines[-1:], lines
+    assert not out.exists() and not list(out.parent.glob(f".{out.name}*"))
+    return lines[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["auto", "verl", "dtensor"])
+def test_a_float_stored_as_int16_is_refused_by_every_method(
+    checkpoints: dict, method: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A changed pickled storage type: verl's merger cast it to bf16 zeros, the DTensor merge wrote I16,
+    and both exported with exit 0 as "BF16"."""
+    int16 = _damaged(checkpoints[("dense", "fsdp2")], tmp_path / "int16", lambda t: t.to(torch.int16))
+    line = _refused(["export", str(int16), "--out", str(tmp_path / "out"), "--method", method], capsys)
+    assert "lm_head.weight is stored as torch.int16 where the model has a floating tensor" in line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (math.nan, "tensor(s) hold NaN or infinity (lm_head.weight)"),
+        (math.inf, "tensor(s) hold NaN or infinity (lm_head.weight)"),
+        # finite weights (bf16 holds 3e38) whose logits overflow: every comparison with them is NaN
+        (3e38, "logits differ from the checkpoint's: {'max_abs_diff_same_weights': nan"),
+    ],
+    ids=["nan", "inf", "overflow"],
+)
+def test_verify_logits_fails_on_weights_or_logits_that_are_not_finite(
+    checkpoints: dict, value: float, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = _damaged(checkpoints[("dense", "fsdp2")], tmp_path / "bad", lambda t: t.fill_(value))
+    line = _refused(["export", str(bad), "--out", str(tmp_path / "out"), "--verify-logits"], capsys)
+    assert message in line
+
+
+@pytest.mark.slow
+def test_the_card_quotes_only_a_record_that_verifies_and_names_the_checkpoint(
+    checkpoints: dict, tmp_path: Path
+) -> None:
+    from engine.records import provenance
+    from tests.support.runs import fake_run
+
+    run = fake_run(tmp_path)
+    shutil.rmtree(run / "checkpoints")
+    shutil.copytree(checkpoints[("dense", "fsdp2")], run / "checkpoints")
+    record = provenance.write(run)
+    report = export.export(run / "checkpoints", tmp_path / "out", record=str(record))
+    assert report["method"] == "verl"
+    assert "- earlier record: overrides sha256" in (tmp_path / "out" / "README.md").read_text()
+    (run / "recipe.yaml").write_text("name: edited\n")  # after the record was written
+    with pytest.raises(UserError, match=r"--record .*changed: recipe.yaml \(run\)"):
+        export.export(run / "checkpoints", tmp_path / "again", record=str(record))
+    assert not (tmp_path / "again").exists()
+
+
+def test_checkpoint_tensors_are_held_to_the_skeleton_before_merging() -> None:
+    config = transformers.Qwen3_5Config(
+        text_config=TEXT | {"intermediate_size": 32},
+        vision_config=VISION,
+        architectures=["Qwen3_5ForConditionalGeneration"],
+    )
+    tensors, _ = verify.skeleton(config, torch.bfloat16)
+    plans = {k: merge.KeyPlan(k, shape, torch.float32, ("fsdp",)) for k, (shape, _) in tensors.items()}
+    verify.check_checkpoint(plans, config, torch.bfloat16)  # fp32 weights: exported in bf16
+    plans["lm_head.weight"].dtype = torch.int16
+    plans["model.language_model.norm.weight"].shape = (31,)
+    with pytest.raises(UserError, match=r"\(2 tensor\(s\)\): lm_head.weight is stored as torch.int16.*norm"):
+        verify.check_checkpoint(plans, config, torch.bfloat16)
 
 
 def test_verification_rejects_fused_experts_and_wrong_keys(tmp_path: Path) -> None:
@@ -170,17 +259,23 @@ def test_verification_rejects_fused_experts_and_wrong_keys(tmp_path: Path) -> No
     fused = {k: torch.zeros(v.shape, dtype=torch.bfloat16) for k, v in state.items()}
     save_file(fused, str(tmp_path / "model.safetensors"))
     with pytest.raises(UserError, match=r"fused expert tensors"):
-        export.verify_structure(tmp_path, config, torch.bfloat16)
+        verify.verify_structure(tmp_path, config, torch.bfloat16)
     split = {k: t.contiguous() for key, v in fused.items() for k, t in experts.split_experts(key, v)}
     save_file(split, str(tmp_path / "model.safetensors"))
-    assert export.verify_structure(tmp_path, config, torch.bfloat16)["expert_keys"] == 2 * 2 * 3
+    assert verify.verify_structure(tmp_path, config, torch.bfloat16)["expert_keys"] == 2 * 2 * 3
     split.pop("lm_head.weight")
     split["model.extra.weight"] = torch.zeros(1, dtype=torch.bfloat16)
     save_file(split, str(tmp_path / "model.safetensors"))
     with pytest.raises(UserError, match=re.escape("missing lm_head.weight; unexpected model.extra.weight")):
-        export.verify_structure(tmp_path, config, torch.bfloat16)
+        verify.verify_structure(tmp_path, config, torch.bfloat16)
     with pytest.raises(UserError, match=r"dtype BF16 != F32"):
-        export.verify_structure(tmp_path, config, torch.float32)
+        verify.verify_structure(tmp_path, config, torch.float32)
+    # every dtype, not only the floating ones: an int16 lm_head in an export said to be bf16
+    split = {k: t.contiguous() for key, v in fused.items() for k, t in experts.split_experts(key, v)}
+    split["lm_head.weight"] = split["lm_head.weight"].to(torch.int16)
+    save_file(split, str(tmp_path / "model.safetensors"))
+    with pytest.raises(UserError, match=r"1 problems\): lm_head.weight dtype I16 != BF16"):
+        verify.verify_structure(tmp_path, config, torch.bfloat16)
 
 
 def test_local_region_follows_dtensor_chunking() -> None:

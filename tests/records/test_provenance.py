@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -84,6 +85,23 @@ def test_write_verify_and_tamper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert provenance.cli_main(["verify", str(path)]) == 1
 
 
+def test_an_export_changed_since_it_was_written_is_not_recorded(tmp_path: Path) -> None:
+    """The record would vouch for it (its card says verified): SHA256SUMS is what `engine export` wrote."""
+    run = fake_run(tmp_path)
+    export_dir = tmp_path / "export"
+    export_dir.mkdir()
+    (export_dir / "model.safetensors").write_bytes(b"weights")
+    (export_dir / "SHA256SUMS").write_text(f"{hashlib.sha256(b'weights').hexdigest()}  model.safetensors\n")
+    assert provenance.write(run, exports=[export_dir]).is_file()
+    (run / "provenance.json").unlink()
+    (export_dir / "model.safetensors").write_bytes(b"swapped")
+    with pytest.raises(
+        UserError, match=r"model.safetensors: changed since written \(the export's SHA256SUMS"
+    ):
+        provenance.write(run, exports=[export_dir])
+    assert not (run / "provenance.json").exists()
+
+
 def test_ro_crate_follows_the_workflow_run_profile(tmp_path: Path) -> None:
     run = fake_run(tmp_path)
     provenance.write(run)
@@ -117,6 +135,37 @@ def test_compare_metrics_detects_drift() -> None:
     tiny_old, tiny_new = [{"step": 1, "data": {"a": -5.2e-8}}], [{"step": 1, "data": {"a": -8.2e-8}}]
     assert rerun.compare_metrics(tiny_old, tiny_new, ["a"], 1e-3, atol=1e-6) == []
     assert rerun.compare_metrics(tiny_old, tiny_new, ["a"], 1e-3) != []
+    # a NaN or infinite metric reproduces nothing, whatever the tolerance (engine.bounds)
+    for bad in (float("nan"), float("inf")):
+        broken = [{"step": 1, "data": {"a": bad}}]
+        assert rerun.compare_metrics(broken, broken, ["a"], 1.0, atol=1.0) == [
+            f"step 1 a: {bad} != recorded {bad}"
+        ]
+        assert rerun.compare_metrics(tiny_old, broken, ["a"], 1.0, atol=1.0) != []
+
+
+def test_rerun_verifies_the_record_before_it_launches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record whose recipe was edited afterwards is not the recorded run: refused with what changed,
+    unless --allow-changed, which hands the changes to `engine run` for its run.json."""
+    run = fake_run(tmp_path)
+    provenance.write(run)
+    argv = [str(run), "--out", str(tmp_path / "again"), "--dry-run"]
+    assert rerun.rerun_main(argv) == 0
+    assert "--rerun-changed" not in capsys.readouterr().out
+    recipe = run / "recipe.yaml"
+    recipe.write_text(recipe.read_text().replace("total_training_steps: 2", "total_training_steps: 3"))
+    (run / "metrics.jsonl").unlink()
+    with pytest.raises(
+        UserError, match=r"2 file\(s\) it names changed .*\(changed: recipe.yaml \(run\) .*missing"
+    ):
+        rerun.rerun_main(argv)
+    assert rerun.rerun_main([*argv, "--allow-changed"]) == 0
+    out, err = capsys.readouterr()
+    assert f"--rerun-of {run / 'provenance.json'} --rerun-changed" in out
+    assert "rerun: changed: recipe.yaml (run)" in err and "rerun: missing: metrics.jsonl (run)" in err
+    assert not (tmp_path / "again").exists()
 
 
 def test_bad_record_is_a_user_error(tmp_path: Path) -> None:
@@ -151,6 +200,9 @@ def test_tiny_run_with_planted_secrets_leaves_none_on_disk_and_reruns(
     _check_record_and_card(run, export, run.parent / "validator-cache")
     assert tiny_cpu_rerun.proc.returncode == 0, tiny_cpu_rerun.why()
     assert "step metrics reproduced" in tiny_cpu_rerun.proc.stdout
+    # the rerun verified the record, and its own run.json names it
+    repeated = tiny_cpu_rerun.record["rerun"]
+    assert repeated["record"] == str((run / "provenance.json").resolve()) and repeated["changed"] == []
     outputs = (tiny_cpu_run.proc, tiny_cpu_published.exported, tiny_cpu_published.wrote, tiny_cpu_rerun.proc)
     for out in outputs:
         for value in SECRETS.values():

@@ -3,6 +3,7 @@ ro-crate-1.1 and workflow-run-crate-0.5 at RECOMMENDED, the Snakemake chain as a
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -42,7 +43,7 @@ def fake_chain(root: Path) -> tuple[Path, Path, Path]:
     (export / "model.safetensors").write_bytes(b"weights")
     report = {"step": "1", "method": "verl", "verification": {"structure": {"keys": 9, "dtype": "bfloat16"}}}
     (export / "export.json").write_text(json.dumps(report))
-    (export / "SHA256SUMS").write_text("0  model.safetensors\n")
+    (export / "SHA256SUMS").write_text(f"{hashlib.sha256(b'weights').hexdigest()}  model.safetensors\n")
     snakefile = root / "Snakefile"
     snakefile.write_text("rule all:\n    input: []\n")
     return run, export, snakefile
@@ -136,6 +137,17 @@ def test_chain_without_its_steps_is_refused(tmp_path: Path) -> None:
     run, export, snakefile = fake_chain(tmp_path)
     (run.parent / "smoke" / "run.json").unlink()
     with pytest.raises(UserError, match=r"smoke/run.json is missing, so the chain's smoke step"):
+        provenance.write(run, exports=[export], workflow=snakefile)
+    assert not (run / "provenance.json").exists()
+
+
+def test_chain_data_changed_since_prepared_is_refused(tmp_path: Path) -> None:
+    """The data step's manifest.json holds each file's sha256 as prepare-data wrote it."""
+    run, export, snakefile = fake_chain(tmp_path)
+    manifest = run.parent / "data" / "manifest.json"
+    files = {"train.parquet": {"rows": 8, "sha256": hashlib.sha256(b"other rows").hexdigest()}}
+    manifest.write_text(json.dumps({"dataset": "synthetic", "files": files}))
+    with pytest.raises(UserError, match=r"train.parquet: changed since written"):
         provenance.write(run, exports=[export], workflow=snakefile)
     assert not (run / "provenance.json").exists()
 

@@ -1,16 +1,20 @@
 """Real verl GRPO on CPU: `engine run tiny_cpu` / `tiny_moe_cpu` train 2 steps through verl's main_ppo,
 checkpoint, export with verl's model merger, and repeat bit-for-bit at step 1 with the same seed (the
-session's tiny run and its `engine rerun`, tests/conftest.py)."""
+session's tiny run and its `engine rerun`, tests/conftest.py); a launcher killed alone takes verl with it."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, Launch, run_recipe
+from engine.hashing import sha256_file
+from tests.conftest import ROOT, Launch, engine, run_recipe
 
 pytestmark = pytest.mark.slow
 MERGE = [sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp"]
@@ -96,3 +100,72 @@ def test_moe_two_steps(tmp_path: Path, tiny_assets: Path) -> None:
     assert [row["step"] for row in run.rows] == [1, 2]
     assert all(row["data"]["actor/grad_norm"] > 0 for row in run.rows)
     assert (tmp_path / "moe" / "checkpoints" / "global_step_2" / "actor").is_dir()
+
+
+def _earlier_run_files(run: Path) -> dict[str, str]:
+    """sha256 of every file of a run directory but those of the hidden stage a launch writes into."""
+    files = [p for p in sorted(run.rglob("*")) if p.is_file()]
+    return {
+        str(p.relative_to(run)): sha256_file(p) for p in files if ".attempt." not in str(p.relative_to(run))
+    }
+
+
+def _resumed(run: Path) -> bool:
+    """verl printed that it loaded the run's checkpoint: from here on it trains into it."""
+    return any("Resuming from" in log.read_text(errors="replace") for log in run.glob(".attempt.*/train.log"))
+
+
+def _live_in_session(sid: int | None) -> list:
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["status"]) if sid is not None else []:
+        try:
+            if os.getsid(proc.pid) == sid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def test_killing_the_launcher_alone_stops_verl_and_keeps_the_earlier_run(
+    tiny_cpu_run: Launch, tiny_assets: Path, tmp_path: Path
+) -> None:
+    """`kill -9` of `engine run` (no other process) while it resumes an earlier, recorded run. Before,
+    verl (in a session of its own) trained on for half a minute, saved steps and moved the checkpoint
+    tracker of the earlier run, and `provenance verify` reported it changed."""
+    import psutil
+
+    from engine.data import assets
+
+    skip = shutil.ignore_patterns("provenance.json", "ro-crate-metadata.json", "README.md")
+    run = shutil.copytree(tiny_cpu_run.out, tmp_path / "run", ignore=skip)  # checkpoint at step 2 of 2
+    wrote = engine("provenance", "write", str(run))
+    assert wrote.returncode == 0, wrote.stderr[-2000:]
+    before = _earlier_run_files(run)
+    sets = [*assets.recipe_sets(tiny_assets, "tiny-qwen35"), "trainer.total_training_steps=3"]
+    argv = [sys.executable, "-m", "engine", "run", "tiny_cpu", "--device", "cpu", "--out", str(run)]
+    argv += [arg for item in [*sets, "trainer.save_freq=1"] for arg in ("--set", item)]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    launcher = subprocess.Popen(argv, cwd=ROOT, start_new_session=True, **quiet)
+    deadline, sid = time.monotonic() + 900, None
+    try:
+        while not _resumed(run):
+            assert launcher.poll() is None, f"the launch ended ({launcher.returncode}) before it resumed"
+            assert time.monotonic() < deadline, "verl never resumed"
+            time.sleep(0.2)
+        (verl,) = [c for c in psutil.Process(launcher.pid).children() if "main_ppo" in " ".join(c.cmdline())]
+        sid = os.getsid(verl.pid)  # Ray's processes stay in the session of verl's driver
+        assert len(_live_in_session(sid)) > 3  # the driver, Ray's GCS, raylet, workers
+        launcher.kill()  # the launcher alone
+        launcher.wait()
+        deadline = time.monotonic() + 15
+        while (left := _live_in_session(sid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, f"outlived the launcher: {[(p.pid, p.name()) for p in left]}"
+    finally:
+        for proc in _live_in_session(sid):
+            proc.kill()
+    assert _earlier_run_files(run) == before
+    verified = engine("provenance", "verify", str(run))
+    assert verified.returncode == 0, verified.stderr[-2000:]

@@ -86,6 +86,23 @@ def test_gpu_agreement_also_bounds_the_drop_from_step_one() -> None:
     assert by_name(gates.evaluate(healthy, "gpu", "x"))["rollout_actor_agreement"].status == gates.FAIL
 
 
+def test_no_bound_passes_an_infinite_or_nan_value() -> None:
+    """`inf >= floor` is true and `nan < floor` false: each gate asks engine.bounds, not the operators."""
+    gpu = gates.AGREEMENT["gpu"]
+    for value in (math.inf, -math.inf, math.nan):
+        assert gates.agreement([row(1, gap=value)], CPU).status == gates.FAIL, value
+        assert gates.agreement([row(1, **{gpu.metric: value})], gpu).status == gates.FAIL, value
+        # a non-finite step 1 is no reference for the steps after it
+        later = [row(1, **{gpu.metric: value}), row(2, **{gpu.metric: 0.998})]
+        assert gates.agreement(later, gpu).status == gates.FAIL, value
+    spread = [row(1), row(2, **{gates.ADV_MAX: math.inf, gates.ADV_MIN: -math.inf})]
+    assert gates.signal(spread).first_failed_step == 2
+    assert gates.signal([row(1, **{gates.ADV_MAX: math.nan})]).status == gates.FAIL
+    assert gates.signal([row(1, **{gates.GRAD_NORM: math.inf})]).status == gates.FAIL
+    flat = gates.Learning(window=2, margin=math.nan, source="test")
+    assert gates.learning(rising(4, 0.0, 1.0), flat).status == gates.FAIL
+
+
 def test_agreement_skips_without_rollout_log_probs_or_a_threshold() -> None:
     plain = [{"step": 1, "data": {gates.REWARD: 0.1}}]
     assert gates.agreement(plain, CPU).status == gates.SKIP

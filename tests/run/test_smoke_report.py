@@ -36,6 +36,7 @@ GOOD = {
 
 
 def _run(tmp_path: Path, steps: list[dict]) -> Path:
+    tmp_path.mkdir(exist_ok=True)
     (tmp_path / "recipe.yaml").write_text(
         yaml.safe_dump({"data": {"train_batch_size": 4}, "rollout": {"n": 2}})
     )
@@ -58,6 +59,8 @@ def test_good_run_passes_with_split_and_throughput(tmp_path: Path) -> None:
         ({"training/rollout_probs_diff_mean": 0.05}, "rollout_probs_diff"),  # stale weights after an update
         ({"training/rollout_actor_probs_pearson_corr": 0.76}, "rollout_probs_corr"),  # as without sync
         ({"training/rollout_actor_probs_pearson_corr": float("nan")}, "rollout_probs_corr"),
+        ({"training/rollout_actor_probs_pearson_corr": float("inf")}, "rollout_probs_corr"),
+        ({"training/rollout_probs_diff_mean": float("-inf")}, "rollout_probs_diff"),
         ({"actor/pg_loss": float("inf")}, "finite_losses"),
         ({"critic/advantages/max": 0.0, "critic/advantages/min": 0.0}, "grpo_signal"),
         ({"actor/grad_norm": 0.0}, "grpo_signal"),
@@ -79,6 +82,16 @@ def test_missing_metric_fails_and_cli_refuses_bad_input(tmp_path: Path) -> None:
         smoke_report.cli_main([str(tmp_path / "absent")])
     with pytest.raises(UserError, match="not a Hugging Face model"):
         smoke_report.cli_main([str(tmp_path), "--drift", str(tmp_path), str(tmp_path)])
+    good = _run(tmp_path / "good", [GOOD])
+    for flag, value in (
+        ("--max-probs-diff", "inf"),
+        ("--min-probs-corr", "-inf"),
+        ("--max-probs-diff", "nan"),
+    ):
+        # an infinite bound would pass any figure: refused before anything is read or written
+        with pytest.raises(UserError, match=f"{flag}: invalid float value: '{value}'"):
+            smoke_report.cli_main([str(good), f"{flag}={value}"])
+    assert not (good / "smoke_report.json").exists()
 
 
 def test_recorded_h200_vllm_runs_healthy_passes_and_broken_sync_fails() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,11 @@ def build(root: Path) -> Path:
     extra = root / "extra.parquet"
     extra.write_bytes(b"extra input")
     provenance.write(run, data=[extra])
+    # a recorded run whose recipe was edited after its record was written
+    tampered = shutil.copytree(run, root / "tampered_run") / "recipe.yaml"
+    edited = tampered.read_text().replace("save_freq: 2", "save_freq: 1")
+    assert edited != tampered.read_text()
+    tampered.write_text(edited)
     # a run directory whose run.json is damaged
     damaged = root / "damaged_run"
     damaged.mkdir()
@@ -143,8 +149,6 @@ def build(root: Path) -> Path:
 def build_inputs(root: Path) -> Path:
     """Damaged inputs of every kind beside the earlier results: recipes, raw data, records, pins, locks,
     wheelhouses."""
-    import shutil
-
     import yaml
 
     repo = ROOT
@@ -204,6 +208,11 @@ def build_inputs(root: Path) -> Path:
         for entry in stack.get("locks", []):
             entry["path"] = str(locks / "latin1.lock")  # the drift report would read this one
     (pins / "latin1_lock.yaml").write_text(yaml.safe_dump(real))
+    holes = yaml.safe_load((repo / "containers" / "pins.yaml").read_text())
+    del holes["stacks"]["cpu"]["packages"]  # verify-env ended in KeyError: 'packages'
+    (pins / "no_packages.yaml").write_text(yaml.safe_dump(holes))
+    del holes["engine"]["version"], holes["fsdp_turbo"]["commit"]
+    (pins / "holes.yaml").write_text(yaml.safe_dump(holes))
     (locks / "range.lock").write_text("requests>=2\n")
     (locks / "twice.lock").write_text("requests==2.0\nrequests==2.1\n")
     wh = root / "wheelhouse"
