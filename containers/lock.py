@@ -23,12 +23,13 @@ from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from engine import paths
 from engine.env.pins import load_pins, stack_pins
 from engine.errors import ArgumentParser, UserError, entry
 from engine.fsutil import atomic_write as _write
 from engine.fsutil import read_text
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = paths.SOURCE_ROOT  # the checkout (containers/ is tooling of the repository, not of the wheel)
 LOCK_DIR = ROOT / "containers" / "locks"
 _LOCK_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 

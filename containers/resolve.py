@@ -15,12 +15,12 @@ from collections.abc import Callable
 
 import yaml
 
-from containers.lock import ROOT
+from engine import paths
 from engine.env.pins import is_unresolved, load_pins
 from engine.errors import ArgumentParser, UserError, entry
 from engine.fsutil import atomic_write
 
-PINS_FILE = ROOT / "containers" / "pins.yaml"
+PINS_FILE = paths.REPOSITORY_PINS
 
 
 def registry_digest(name: str) -> str:

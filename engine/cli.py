@@ -31,7 +31,7 @@ DELEGATED: dict[str, tuple[str, str]] = {
         "write verl RL parquet (geo3k, gsm8k, synthetic) + manifest",
     ),
     "export": (
-        "engine.checkpoint.export:cli_main",
+        "engine.records.publish:export_main",
         "export a checkpoint to verified Hugging Face safetensors",
     ),
     "provenance": ("engine.records.provenance:cli_main", "write or verify a run record"),

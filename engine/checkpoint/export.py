@@ -15,14 +15,14 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from engine import fsutil, procs
 from engine.checkpoint import experts, layout, merge, verify
-from engine.errors import ArgumentParser, OutputError, UserError
+from engine.errors import OutputError, UserError
 from engine.hashing import sha256_file
-from engine.records.model_card import model_card
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".index.json", ".pt")
@@ -97,33 +97,6 @@ def _verl_export(tmp: Path, actor: Path) -> None:
         )
 
 
-def _quoted_record(path: Path, files: list[Path]) -> dict[str, Any]:
-    """The record the model card quotes (git commit, image, run times) must be about this checkpoint and
-    still true: it verifies (every file it names unchanged; an earlier export it names may be gone) and
-    names the checkpoint's rank files among its outputs."""
-    from engine.records import provenance
-
-    if not path.is_file():
-        raise UserError(
-            f"--record {path}: no such file; pass the provenance.json of the run, or leave it out"
-        )
-    rec = provenance.read_record(path)
-    changed = provenance.verify(path, skip_roles=("export",))
-    if changed:
-        raise UserError(
-            f"--record {path}: {len(changed)} file(s) it names changed since it was written "
-            f"({'; '.join(changed[:3])}): the card would quote a record of other files; "
-            "pass one `python -m engine provenance verify` accepts, or leave --record out"
-        )
-    named = {provenance.entry_path(path, e).resolve() for e in rec["outputs"] if e["role"] == "checkpoint"}
-    if not all(f.resolve() in named for f in files):
-        raise UserError(
-            f"--record {path}: it does not name {files[0].parent} among its checkpoints: pass the record of "
-            "the run this checkpoint belongs to, or leave --record out"
-        )
-    return rec
-
-
 def _copy_hf_side_files(hf_dir: Path, tmp: Path, dtype_name: str) -> None:
     for f in sorted(hf_dir.iterdir()):
         if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and not (tmp / f.name).exists():
@@ -135,6 +108,14 @@ def _copy_hf_side_files(hf_dir: Path, tmp: Path, dtype_name: str) -> None:
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+def check_out(out: str | Path) -> Path:
+    """An export goes into a new directory: it is never merged into or overwritten."""
+    out = fsutil.check_out_dir(out).resolve()
+    if out.exists():
+        raise OutputError(f"--out {out} already exists: pick a new directory (exports are never overwritten)")
+    return out
+
+
 def export(
     checkpoint: str | Path,
     out: str | Path,
@@ -142,22 +123,23 @@ def export(
     dtype: str = "auto",
     shard_size: int = 2 << 30,
     logits: bool = False,
-    record: str | None = None,
+    card: Callable[[dict[str, Any]], str] | None = None,
 ) -> dict[str, Any]:
-    """Merge, verify, describe and hash a checkpoint; DIR appears only once all of that passed."""
+    """Merge, verify, describe and hash a checkpoint; DIR appears only once all of that passed.
+
+    `card` renders the model card (README.md) from the export's report; the caller builds it from what it
+    knows about the run (`python -m engine export`: engine.records.publish).
+    """
     import torch
     import transformers
 
-    out = fsutil.check_out_dir(out).resolve()
-    if out.exists():
-        raise OutputError(f"--out {out} already exists: pick a new directory (exports are never overwritten)")
+    out = check_out(out)
     actor = merge.resolve_actor_dir(checkpoint)
-    hf_dir = actor / "huggingface"
+    hf_dir = actor / layout.HF_DIR
     if not (hf_dir / "config.json").is_file():
         raise UserError(f"{hf_dir}/config.json missing: the trainer saves it with the checkpoint")
     fsutil.read_json(hf_dir / "config.json", "model config", "the trainer saves it with the checkpoint")
     files = merge.rank_files(actor)
-    rec = _quoted_record(Path(record), files) if record else None
     with merge.quiet_mesh_warnings():
         plans = merge.plan_merge(files)
     meshes = sorted(merge.mesh_names(plans))
@@ -201,19 +183,22 @@ def export(
             "verification": verification,
             "seconds": round(time.time() - started, 2),
         }
-        (tmp / "README.md").write_text(model_card(report, actor, rec))
-        (tmp / "export.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        written = layout.ExportDir(tmp)
+        if card:
+            written.card.write_text(card(report))
+        written.report.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
         with _progress() as progress:
             for f in sorted(tmp.iterdir()):
                 if f.name not in hashes:
                     hashes[f.name] = sha256_file(f, progress if f.stat().st_size > 64 << 20 else None)
         manifest = "".join(f"{hashes[n]}  {n}\n" for n in sorted(hashes))
-        (tmp / "SHA256SUMS").write_text(manifest)
+        written.sums.write_text(manifest)
     report["files"] = dict(sorted(hashes.items()))
     return report
 
 
-def _size(text: str) -> int:
+def parse_size(text: str) -> int:
+    """`--shard-size`: bytes, or a size like 2GiB / 512MiB."""
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     text = text.strip().lower().removesuffix("ib").removesuffix("b")
     try:
@@ -223,46 +208,3 @@ def _size(text: str) -> int:
     if size < 1:
         raise UserError(f"--shard-size {text!r}: give a positive number of bytes or a size like 2GiB")
     return size
-
-
-def cli_main(argv: list[str]) -> int:
-    parser = ArgumentParser(prog="python -m engine export", description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", help="checkpoint root, global_step_N or its actor/ dir")
-    parser.add_argument("--out", required=True, help="new directory for the export")
-    parser.add_argument(
-        "--method",
-        choices=["auto", "verl", "dtensor"],
-        default="auto",
-        help="auto: verl.model_merger for fsdp / ddp,fsdp meshes, the DTensor merge otherwise",
-    )
-    parser.add_argument(
-        "--dtype", choices=["auto", *DTYPES], default="auto", help="export dtype (auto: bf16)"
-    )
-    parser.add_argument(
-        "--shard-size", default="2GiB", help="split safetensors above this size (with an index)"
-    )
-    parser.add_argument("--verify-logits", action="store_true", help="also compare logits (small models)")
-    parser.add_argument("--record", help="provenance record whose summary goes into the model card")
-    args = parser.parse_args(argv)
-    report = export(
-        args.checkpoint,
-        args.out,
-        args.method,
-        args.dtype,
-        _size(args.shard_size),
-        args.verify_logits,
-        args.record,
-    )
-    structure = report["verification"]["structure"]
-    print(
-        f"export: {args.out} ({report['method']}, {structure['keys']} keys, {structure['dtype']}, "
-        f"{len(report['files'])} files hashed, {report['seconds']} s)"
-    )
-    logits = report["verification"].get("logits")
-    if logits:
-        line = f"export: logits max |diff| {logits['max_abs_diff_same_weights']:.2e} against the checkpoint"
-        line += f" rounded, {logits['max_rel_diff_full_precision']:.2%} relative against its fp32 weights"
-        if "routing_changed_share" in logits:
-            line += f" (not gated: MoE, {logits['routing_changed_share']:.1%} of router choices differ)"
-        print(line)
-    return 0

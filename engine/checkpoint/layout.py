@@ -1,4 +1,4 @@
-"""verl's checkpoint layout on disk, named once.
+"""verl's checkpoint layout on disk and the export's, named once.
 
 A checkpoint root holds `global_step_N/` per saved step and `latest_checkpointed_iteration.txt`, the
 tracker naming the last step verl finished writing; a step's actor (FSDP shards, `fsdp_config.json`,
@@ -7,6 +7,7 @@ the `huggingface/` config and tokenizer) is `global_step_N/actor/`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -50,3 +51,33 @@ def saved_step(root: Path | str) -> int:
 
 def write_tracker(root: Path | str, step: int | str) -> None:
     tracker(root).write_text(str(step))
+
+
+def checkpoint_root(actor: Path) -> Path:
+    """The checkpoint root of a step's actor directory (ROOT/global_step_N/actor)."""
+    return actor.parent.parent
+
+
+# What `engine export` writes beside the safetensors and the Hugging Face config files.
+EXPORT_REPORT = "export.json"  # verification, meshes, method, step
+EXPORT_SUMS = "SHA256SUMS"  # sha256 of every file, `sha256sum -c` format
+EXPORT_CARD = "README.md"  # the Hugging Face model card
+
+
+@dataclass(frozen=True)
+class ExportDir:
+    """The paths of one export directory (none need exist)."""
+
+    path: Path
+
+    @property
+    def report(self) -> Path:
+        return self.path / EXPORT_REPORT
+
+    @property
+    def sums(self) -> Path:
+        return self.path / EXPORT_SUMS
+
+    @property
+    def card(self) -> Path:
+        return self.path / EXPORT_CARD

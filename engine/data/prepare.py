@@ -21,6 +21,7 @@ from engine.errors import ArgumentParser, UserError
 from engine.hashing import sha256_file
 
 SPLITS = ("train", "test")
+MANIFEST = "manifest.json"  # written last: rows and sha256 of every output
 GEO3K_SOURCE = "hiyouga/geometry3k"
 GSM8K_SOURCE = "openai/gsm8k"
 GEO3K_INSTRUCTION = (
@@ -198,12 +199,12 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
     table.to_parquet(str(path))
 
 
-OUT_FILES = (*(f"{split}.parquet" for split in SPLITS), "manifest.json")
+OUT_FILES = (*(f"{split}.parquet" for split in SPLITS), MANIFEST)
 
 
 def check_out(out: Path) -> Path:
     """`--out` may hold other files (left alone); files of ours only when a manifest says they are."""
-    return fsutil.check_out_dir(out, reuse=lambda d: fsutil.foreign_files(d, OUT_FILES, "manifest.json"))
+    return fsutil.check_out_dir(out, reuse=lambda d: fsutil.foreign_files(d, OUT_FILES, MANIFEST))
 
 
 def write_dataset(
@@ -216,7 +217,7 @@ def write_dataset(
     for split in SPLITS:
         if not splits[split]:
             raise UserError(f"{dataset}: split {split!r} is empty; raw data needs train and test rows")
-    with fsutil.staged(out, last=("manifest.json",)) as tmp:
+    with fsutil.staged(out, last=(MANIFEST,)) as tmp:
         files: dict[str, Any] = {}
         for split in SPLITS:
             rows = splits[split]
@@ -231,7 +232,7 @@ def write_dataset(
             "columns": sorted(rows[0]),
             "files": files,
         }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 
 

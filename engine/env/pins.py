@@ -21,10 +21,10 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from engine import fsutil
+from engine import fsutil, paths
 from engine.errors import ArgumentParser, UserError
 
-PINS_ENV = "ENGINE_PINS"  # path of the pins file (the images set it; the repository copy otherwise)
+PINS_ENV = paths.PINS_ENV  # path of the pins file (the images set it; the repository copy otherwise)
 STACK_ENV = "ENGINE_STACK"  # stack baked into an image; `cpu` (this repository's dev/CI venv) otherwise
 DEFAULT_STACK = "cpu"
 UNRESOLVED = "UNRESOLVED:"
@@ -50,9 +50,8 @@ _HEX40 = re.compile(r"\b[0-9a-f]{40}\b")
 
 
 def pins_path() -> Path:
-    """The pins file in use: $ENGINE_PINS, else the one next to this package in the repository."""
-    env = os.environ.get(PINS_ENV)
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "containers" / "pins.yaml"
+    """The pins file in use (engine.paths.pins_file)."""
+    return paths.pins_file()
 
 
 # What the readers of a pins file index besides each stack's packages (verify-env, provenance, the

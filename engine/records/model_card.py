@@ -12,21 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engine.checkpoint.layout import EXPORT_REPORT, EXPORT_SUMS
 from engine.run.rundir import RunDir
 
 PROJECT_LICENSE = "apache-2.0"
 TAGS = ["grpo", "verl", "fsdp_turbo", "qwen3.5", "reinforcement-learning"]
-
-
-def run_context(actor: Path) -> dict[str, Any]:
-    """The run directory around a checkpoint (RUN/checkpoints/global_step_N/actor) and its recipe."""
-    import yaml
-
-    run_dir = actor.parent.parent.parent
-    recipe_file = RunDir(run_dir).recipe
-    if not recipe_file.is_file():
-        return {}
-    return {"run_dir": run_dir, "recipe": yaml.safe_load(recipe_file.read_text()) or {}}
 
 
 def base_model(recipe: dict[str, Any]) -> tuple[str | None, str]:
@@ -48,13 +38,17 @@ def base_model(recipe: dict[str, Any]) -> tuple[str | None, str]:
     return hf_id, str(license_id or "other")
 
 
-def model_card(report: dict[str, Any], actor: Path, record: dict[str, Any] | None = None) -> str:
-    """README.md for an export of `actor` (verification in `report`; `record`: an earlier provenance)."""
+def model_card(
+    report: dict[str, Any],
+    run: dict[str, Any] | None,
+    git: dict[str, Any],
+    record: dict[str, Any] | None = None,
+) -> str:
+    """README.md of an export from what the caller knows: the export's `report`, the `run` around the
+    checkpoint ({run_dir, recipe}, None when there is none), the code's `git` and an earlier `record`."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    from engine.records.provenance import git_info
-
-    context = run_context(actor)
+    context = run or {}
     recipe = context.get("recipe", {})
     hf_id, license_id = base_model(recipe) if recipe else (None, "other")
     data = ModelCardData(
@@ -64,7 +58,6 @@ def model_card(report: dict[str, Any], actor: Path, record: dict[str, Any] | Non
         tags=TAGS,
         model_name=f"{report['architecture']} GRPO step {report['step']}",
     )
-    git = (record or {}).get("git") or git_info(Path(__file__).resolve().parents[2])
     structure = report["verification"]["structure"]
     lines = [
         f"# {report['architecture']} after {report['step']} GRPO step(s)",
@@ -74,7 +67,7 @@ def model_card(report: dict[str, Any], actor: Path, record: dict[str, Any] | Non
         f"exported by `python -m engine export` of qwen35-grpo-engine.",
         "",
         "## Training",
-        f"- recipe: `{recipe.get('name')}` (resolved: `{context['run_dir'] / 'recipe.yaml'}`)"
+        f"- recipe: `{recipe.get('name')}` (resolved: `{RunDir(context['run_dir']).recipe}`)"
         if recipe
         else "- recipe: not found next to the checkpoint",
         f"- base model: {hf_id or recipe.get('model', {}).get('name')} "
@@ -95,16 +88,17 @@ def model_card(report: dict[str, Any], actor: Path, record: dict[str, Any] | Non
             f"{logits['max_abs_diff_same_weights']:.2e} vs the checkpoint at export precision, relative "
             f"{logits['max_rel_diff_full_precision']:.2e} vs fp32"
         )
-    lines += ["- every file hashed in `SHA256SUMS` (`sha256sum -c SHA256SUMS`); full report: `export.json`"]
+    sums = f"`{EXPORT_SUMS}` (`sha256sum -c {EXPORT_SUMS}`)"
+    lines += [f"- every file hashed in {sums}; full report: `{EXPORT_REPORT}`"]
     lines += ["", "## Provenance"]
     if context:
-        run_dir = context["run_dir"]
+        run_dir = RunDir(context["run_dir"])
         lines += [
-            f"- record: `{run_dir / 'provenance.json'}` and its RO-Crate "
-            f"`{run_dir / 'ro-crate-metadata.json'}` (`python -m engine provenance write {run_dir} "
+            f"- record: `{run_dir.provenance}` and its RO-Crate "
+            f"`{run_dir.crate}` (`python -m engine provenance write {run_dir.path} "
             "--export DIR`; the Snakemake chain writes them)",
-            f"- check: `python -m engine provenance verify {run_dir}` re-hashes the inputs, checkpoints and "
-            "this export",
+            f"- check: `python -m engine provenance verify {run_dir.path}` re-hashes the inputs, checkpoints "
+            "and this export",
         ]
     else:
         lines.append("- no run directory around the checkpoint: no provenance record")

@@ -12,118 +12,23 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import subprocess
 import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from engine import fsutil
+from engine import fsutil, paths
 from engine.errors import ArgumentParser, UserError
 from engine.hashing import sha256_file
 from engine.recipes.plan import overrides_digest
-from engine.records.rocrate import crate_readme, ro_crate
+from engine.records import chain, origin
+from engine.records.rocrate import ro_crate
 from engine.run import rundir
 from engine.run.redact import redact_env, scrub, scrub_obj
 from engine.run.rundir import RunDir
 
 SCHEMA = "qwen35-grpo-engine/provenance/1"
-
-
-def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
-    try:
-        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def git_info(repo: Path) -> dict[str, Any]:
-    commit = _run(["git", "rev-parse", "HEAD"], repo)
-    if commit is None:
-        return {"commit": None, "dirty": None, "note": "not a git checkout"}
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], repo) or ""
-    remote = _run(["git", "remote", "get-url", "origin"], repo)
-    return {
-        "commit": commit,
-        "dirty": bool(status),
-        "branch": _run(["git", "branch", "--show-current"], repo),
-        "remote": scrub(remote) if remote else None,
-    }
-
-
-def container_info() -> dict[str, Any]:
-    """Image reference, digest and labels when running inside one of the project's containers."""
-    info: dict[str, Any] = {"inside": Path("/.dockerenv").exists() or Path("/run/.containerenv").exists()}
-    for key, var in (("image", "ENGINE_IMAGE"), ("digest", "ENGINE_IMAGE_DIGEST")):
-        info[key] = os.environ.get(var)
-    containerenv = Path("/run/.containerenv")
-    if containerenv.is_file():  # podman writes image=/imageid= here
-        for line in containerenv.read_text(errors="replace").splitlines():
-            key, _, value = line.partition("=")
-            if key in ("image", "imageid"):
-                info.setdefault("containerenv", {})[key] = value.strip('"')
-    labels = Path(os.environ.get("ENGINE_IMAGE_LABELS", "/etc/engine/image-labels.json"))
-    if labels.is_file():
-        info["labels"] = json.loads(labels.read_text())
-    return info
-
-
-def versions(device: str | None = None) -> dict[str, Any]:
-    """Pins versus installed versions (engine.env.pins when present, else package metadata), judged
-    against the stack preflight used for this device."""
-    try:
-        from engine.env import pins
-
-        installed = pins.installed_versions()
-        try:
-            drift = pins.drift(pins.stack_for(device))
-        except Exception as err:  # a stack the pins file lacks must not lose the record
-            drift = [f"unavailable: {err.__class__.__name__}"]
-        return {"installed": installed, "drift": drift, "pins_source": "engine.env.pins"}
-    except ImportError:
-        names = ["torch", "verl", "transformers", "vllm", "vllm-ascend", "ray", "TransferQueue", "snakemake"]
-        found = {}
-        for name in names:
-            try:
-                found[name] = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                found[name] = None
-        return {"installed": found, "drift": "unavailable", "pins_source": "package metadata"}
-
-
-def hardware() -> dict[str, Any]:
-    gpus = _run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"])
-    if gpus:
-        rows = [line.strip() for line in gpus.splitlines() if line.strip()]
-        return {"accelerator": "gpu", "count": len(rows), "devices": rows}
-    npus = _run(["npu-smi", "info", "-l"])
-    if npus:
-        return {"accelerator": "npu", "count": npus.count("NPU ID"), "npu_smi": npus.splitlines()[:40]}
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in _read("/proc/cpuinfo").splitlines() if "model name" in ln),
-        None,
-    )
-    mem = next(
-        (ln.split()[1] for ln in _read("/proc/meminfo").splitlines() if ln.startswith("MemTotal")), "0"
-    )
-    return {
-        "accelerator": "cpu",
-        "count": 0,
-        "cpu": model or platform.processor(),
-        "cores": os.cpu_count(),
-        "memory_gib": round(int(mem) / (1 << 20), 1),
-        "machine": platform.machine(),
-    }
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text(errors="replace")
-    except OSError:
-        return ""
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -133,15 +38,13 @@ def _rel(path: Path, base: Path) -> str:
         return str(path.resolve())
 
 
-def _file_entries(paths: list[tuple[Path, str]], base: Path, seen: set[Path]) -> list[dict[str, Any]]:
+def _file_entries(entries_of: list[tuple[Path, str]], base: Path, seen: set[Path]) -> list[dict[str, Any]]:
     """Hash each file once (`seen` spans inputs, outputs and run files; the first role wins)."""
     from rich.progress import Progress
 
-    from engine.records.provenance_chain import files_of
-
     files = []
-    for p, role in paths:
-        for f in files_of([p]):
+    for p, role in entries_of:
+        for f in chain.files_of([p]):
             if f.resolve() not in seen:
                 seen.add(f.resolve())
                 files.append((f, role))
@@ -168,11 +71,9 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def build_record(
-    run_dir: Path, exports: list[Path], data: list[Path], repo: Path, snakefile: Path | None = None
+    run_dir: Path, exports: list[Path], data: list[Path], repo: Path | None, snakefile: Path | None = None
 ) -> dict[str, Any]:
     """Everything the record says about one run directory (`snakefile`: it ran in the Snakemake chain)."""
-    from engine.records import provenance_chain
-
     fix = "the run directory must hold what `python -m engine run` wrote there"
     files = RunDir(run_dir)
     run = fsutil.read_json(files.record, "run record", fix)
@@ -189,22 +90,22 @@ def build_record(
     for key in ("train_files", "val_files"):
         items = resolved.get("data", {}).get(key)
         for item in items if isinstance(items, list) else [items]:
-            if item and (repo / item).is_file():
-                inputs.append((repo / item, "data"))
+            if item and Path(item).is_file():  # relative to where the run was launched (the working dir)
+                inputs.append((Path(item), "data"))
     model_path = resolved.get("model", {}).get("path")
-    if model_path and (repo / model_path / "config.json").is_file():
-        inputs.append((repo / model_path / "config.json", "model_config"))
+    if model_path and (Path(model_path) / "config.json").is_file():
+        inputs.append((Path(model_path) / "config.json", "model_config"))
     outputs = [(files.checkpoints, "checkpoint")] if files.checkpoints.is_dir() else []
     outputs += [(e, "export") for e in exports]
     steps: list[dict[str, Any]] = []
     if snakefile is not None:
         configs = [p for p, role in inputs if role == "model_config"]
-        chained, steps = provenance_chain.steps(run_dir, exports, snakefile, run, configs)
+        chained, steps = chain.steps(run_dir, exports, snakefile, run, configs)
         inputs = chained + inputs
     seen: set[Path] = set()
     hashed = _file_entries(inputs, run_dir, seen), _file_entries(outputs, run_dir, seen)
-    manifest = run_dir.parent / "data" / "manifest.json" if snakefile is not None else None
-    provenance_chain.check_written_as([*hashed[0], *hashed[1]], run_dir, exports, manifest)
+    manifest = chain.ChainDir(run_dir.parent).manifest if snakefile is not None else None
+    chain.check_written_as([*hashed[0], *hashed[1]], run_dir, exports, manifest)
     rows = read_metrics(files.metrics)
     try:
         snakemake = metadata.version("snakemake")
@@ -214,7 +115,7 @@ def build_record(
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "run_dir": ".",
-        "git": git_info(repo),
+        "git": origin.git_info(repo),
         "recipe": {
             "name": resolved.get("name") or run.get("recipe"),
             "file": rundir.RECIPE,
@@ -229,31 +130,18 @@ def build_record(
         "exit_code": run.get("exit_code"),
         "status": run.get("status"),
         "rerun": run.get("rerun"),  # the record an `engine rerun` repeated, and what of it had changed
-        "container": container_info(),
-        "versions": versions(run.get("device")),
-        "hardware": hardware(),
+        "container": origin.container_info(),
+        "versions": origin.versions(run.get("device")),
+        "hardware": origin.hardware(),
         "environment": redact_env(os.environ) | redact_env(run.get("env", {})),
         "snakemake": snakemake,
         "python": sys.version.split()[0],
-        "agent": provenance_chain.agent(repo),
-        "publisher": provenance_chain.publisher(),
+        "agent": origin.agent(repo),
+        "publisher": origin.publisher(),
         "inputs": hashed[0],
         "outputs": hashed[1],
         "run_files": _file_entries(
-            [
-                (run_dir / n, "run")
-                for n in (
-                    rundir.RECORD,
-                    rundir.RECIPE,
-                    rundir.OVERRIDES,
-                    rundir.LAUNCH_SCRIPT,
-                    rundir.METRICS,
-                    rundir.LOG,
-                )
-                if (run_dir / n).is_file()
-            ],
-            run_dir,
-            seen,
+            [(run_dir / n, "run") for n in rundir.FILES if (run_dir / n).is_file()], run_dir, seen
         ),
         "metrics": {
             "file": rundir.METRICS,
@@ -305,23 +193,24 @@ def write(
         raise UserError(f"run directory {run_dir} does not exist: pass the --out of `python -m engine run`")
     if not RunDir(run_dir).record.is_file():
         raise UserError(f"{run_dir} is not a run directory (no run.json): pass the --out of `engine run`")
-    for flag, paths in (("--export", exports), ("--data", data)):
-        for path in paths:
+    for flag, given in (("--export", exports), ("--data", data)):
+        for path in given:
             if not Path(path).exists():
                 raise UserError(f"{flag} {path}: no such file or directory; fix the path or leave it out")
-    repo = repo or Path(__file__).resolve().parents[2]
-    for name in ("provenance.json", "ro-crate-metadata.json", "README.md"):
-        fsutil.check_out_file(run_dir / name, "record", reuse=lambda _: None)
+    repo = repo or paths.checkout()
+    files = RunDir(run_dir)
+    for path in (files.provenance, files.crate, files.crate_readme):
+        fsutil.check_out_file(path, "record", reuse=lambda _: None)
     snakefile = Path(workflow).resolve() if workflow else None
     record = build_record(run_dir, [Path(e) for e in exports], [Path(d) for d in data], repo, snakefile)
-    target = run_dir / "provenance.json"
+    target = files.provenance
     if target.exists() and not force:
         fsutil.check_out_file(target, "record", reuse=lambda path: _not_poorer(path, record))
     crate = json.dumps(scrub_obj(ro_crate(record)), indent=2) + "\n"  # rendered before anything is written
     readme = scrub(crate_readme(record))
     fsutil.atomic_write(target, json.dumps(record, indent=2, sort_keys=True) + "\n")
-    fsutil.atomic_write(run_dir / "ro-crate-metadata.json", crate)
-    fsutil.atomic_write(run_dir / "README.md", readme)
+    fsutil.atomic_write(files.crate, crate)
+    fsutil.atomic_write(files.crate_readme, readme)
     return target
 
 
@@ -389,7 +278,7 @@ def cli_main(argv: list[str]) -> int:
         return 0
     record_path = Path(args.record)
     if record_path.is_dir():
-        record_path = record_path / "provenance.json"
+        record_path = RunDir(record_path).provenance
     if not record_path.is_file():
         raise UserError(f"record {record_path} not found: pass a provenance.json or its run directory")
     problems = verify(record_path)
@@ -397,3 +286,26 @@ def cli_main(argv: list[str]) -> int:
         print(f"provenance: {line}", file=sys.stderr)
     print(f"provenance: {'MISMATCH' if problems else 'ok'} ({record_path})")
     return 1 if problems else 0
+
+
+def crate_readme(record: dict[str, Any]) -> str:
+    """README.md of the crate: what the record is and the commands that check it."""
+    chain = record.get("workflow")
+    steps = " -> ".join(s["name"] for s in chain["steps"]) if chain else "one `engine run`"
+    return "\n".join(
+        [
+            f"# Run record of {record['recipe']['name']}",
+            "",
+            f"GRPO run of recipe `{record['recipe']['name']}` ({record.get('status')}, "
+            f"{record.get('start')} -> {record.get('end')}), git {record['git'].get('commit')} "
+            f"(dirty: {record['git'].get('dirty')}); steps: {steps}.",
+            "",
+            "- `provenance.json`: the full record (schema `" + record["schema"] + "`, docs/provenance.md)",
+            "- `ro-crate-metadata.json`: the same as an RO-Crate 1.1 ("
+            + ("Provenance" if chain else "Workflow")
+            + " Run Crate 0.5)",
+            "- check every hashed file: `python -m engine provenance verify .`",
+            "- rerun and compare step metrics: `python -m engine rerun . --out NEW_DIR`",
+            "",
+        ]
+    )

@@ -4,7 +4,7 @@ Every record: Process Run Crate 0.5, Workflow Run Crate 0.5 and Workflow RO-Crat
 (the verl command `engine run` wrote) as the workflow and one CreateAction `#run`. A record of the
 Snakemake chain (`provenance write --workflow Snakefile`) also claims Provenance Run Crate 0.5: the
 Snakefile is the workflow, each step (prepare_data, smoke, train, export) is a HowToStep run by an
-engine command (engine.records.rocrate_chain). The crates pass rocrate-validator 0.13.0 at REQUIRED for
+engine command. The crates pass rocrate-validator 0.13.0 at REQUIRED for
 every claimed profile and at RECOMMENDED for ro-crate-1.1 and workflow-run-crate-0.5
 (tests/records/test_rocrate.py).
 """
@@ -15,6 +15,9 @@ import functools
 import mimetypes
 from pathlib import PurePosixPath
 from typing import Any
+
+from engine.checkpoint import layout
+from engine.run import rundir
 
 CONTEXT = ["https://w3id.org/ro/crate/1.1/context", "https://w3id.org/ro/terms/workflow-run/context"]
 RO_CRATE = "https://w3id.org/ro/crate/1.1"
@@ -38,22 +41,17 @@ LICENSE = {
 }
 # the Process Run Crate rule compares the literal value
 STATUS = {True: "http://schema.org/CompletedActionStatus", False: "http://schema.org/FailedActionStatus"}
-FORMATS = {
-    ".json": "application/json",
+FORMATS = {  # what mimetypes does not know (or not on every Python the engine supports)
     ".jsonl": "application/jsonl",
     ".yaml": "application/yaml",
-    ".txt": "text/plain",
     ".log": "text/plain",
-    ".sh": "application/x-sh",
     ".md": "text/markdown",
     ".parquet": "application/vnd.apache.parquet",
-    ".safetensors": "application/octet-stream",
-    ".pt": "application/octet-stream",
-    ".tsv": "text/tab-separated-values",
 }
 SNAKEFILE_NAMES = {"Snakefile", "snakefile"}
 TRAIN_INPUTS = ("data", "model_config")
 PYPI = "https://pypi.org/project/{}/"
+SNAKEMAKE_DOCS = "https://snakemake.readthedocs.io/"
 
 
 def file_id(path: str) -> str:
@@ -65,10 +63,11 @@ def encoding_format(path: str) -> str:
     name = PurePosixPath(path).name
     if name in SNAKEFILE_NAMES:
         return "text/x-snakemake"
-    if name == "SHA256SUMS":
+    if name == layout.EXPORT_SUMS:
         return "text/plain"
-    suffix = PurePosixPath(path).suffix
-    return FORMATS.get(suffix) or mimetypes.guess_type(name)[0] or "application/octet-stream"
+    return (
+        FORMATS.get(PurePosixPath(path).suffix) or mimetypes.guess_type(name)[0] or "application/octet-stream"
+    )
 
 
 @functools.cache
@@ -106,40 +105,22 @@ def software(installed: dict[str, Any]) -> list[dict[str, Any]]:
 
 def people(record: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(reference to the agent, [Person, Organization]) from the record's `agent` and `publisher`."""
-    publisher = record.get("publisher") or {}
+    publisher, agent = record.get("publisher") or {}, record.get("agent") or {}
     org_id = publisher.get("url") or project()["source"]
-    org = {
-        "@id": org_id,
-        "@type": "Organization",
-        "name": publisher.get("name") or "qwen35-grpo-engine",
-        "url": org_id,
-    }
-    agent = record.get("agent") or {}
-    person = {
-        "@id": "#agent",
-        "@type": "Person",
-        "name": agent.get("name") or "unknown",
-        "affiliation": {"@id": org_id},
-    }
-    return {"@id": "#agent"}, [person, org]
+    org = {"@id": org_id, "@type": "Organization", "name": publisher.get("name") or "qwen35-grpo-engine"}
+    person = {"@id": "#agent", "@type": "Person", "name": agent.get("name") or "unknown"}
+    return {"@id": "#agent"}, [person | {"affiliation": {"@id": org_id}}, org | {"url": org_id}]
 
 
 def file_entities(record: dict[str, Any]) -> list[dict[str, Any]]:
-    entities = []
-    for e in record["inputs"] + record["outputs"] + record["run_files"]:
-        entity = {
-            "@id": file_id(e["path"]),
-            "@type": "File",
-            "name": PurePosixPath(e["path"]).name,
-            "description": f"{e['role']} file",
-            "contentSize": str(e["bytes"]),
-            "encodingFormat": encoding_format(e["path"]),
-            "sha256": e["sha256"],
-        }
-        if e["path"].startswith("/"):  # a web-based data entity: when its content was read
-            entity["sdDatePublished"] = record["created"]
-        entities.append(entity)
-    return entities
+    """Every hashed file; one outside the crate is a web-based data entity, dated when it was read."""
+    return [
+        {"@id": file_id(e["path"]), "@type": "File", "name": PurePosixPath(e["path"]).name}
+        | {"description": f"{e['role']} file", "contentSize": str(e["bytes"]), "sha256": e["sha256"]}
+        | {"encodingFormat": encoding_format(e["path"])}
+        | ({"sdDatePublished": record["created"]} if e["path"].startswith("/") else {})
+        for e in record["inputs"] + record["outputs"] + record["run_files"]
+    ]
 
 
 def profile_entities(profiles: list[str]) -> list[dict[str, Any]]:
@@ -162,7 +143,7 @@ def run_action(record: dict[str, Any], instrument: str, agent: dict[str, Any]) -
         "agent": agent,
         "actionStatus": STATUS[record["exit_code"] == 0],
         "object": [{"@id": file_id(e["path"])} for e in record["inputs"] if e["role"] in TRAIN_INPUTS]
-        + [{"@id": "recipe.yaml"}],
+        + [{"@id": rundir.RECIPE}],
         "result": [{"@id": file_id(e["path"])} for e in record["outputs"] if e["role"] == "checkpoint"],
         "environment": [{"@id": f"#env-{k}"} for k in record["environment"]],
     }
@@ -183,24 +164,15 @@ def image_entity(image: dict[str, Any]) -> list[dict[str, Any]]:
     ref = str(image.get("image") or "").split("@", 1)[0]  # a digest is recorded as sha256
     registry, _, rest = ref.partition("/") if "/" in ref else ("docker.io", "", ref)
     name, _, tag = rest.partition(":")
-    entity = {
-        "@id": "#image",
-        "@type": "ContainerImage",
-        "additionalType": {"@id": "https://w3id.org/ro/terms/workflow-run#DockerImage"},
-        "name": name or ref,
-        "registry": registry,
-    }
-    if tag:
-        entity["tag"] = tag
-    if image.get("digest"):
-        entity["sha256"] = str(image["digest"]).removeprefix("sha256:")
+    entity = {"@id": "#image", "@type": "ContainerImage", "name": name or ref, "registry": registry}
+    entity["additionalType"] = {"@id": "https://w3id.org/ro/terms/workflow-run#DockerImage"}
+    entity |= {"tag": tag} if tag else {}
+    entity |= {"sha256": str(image["digest"]).removeprefix("sha256:")} if image.get("digest") else {}
     return [entity]
 
 
 def ro_crate(record: dict[str, Any]) -> dict[str, Any]:
     """The record as RO-Crate JSON-LD (a pure function of the record)."""
-    from engine.records import rocrate_chain
-
     chain = record.get("workflow")
     agent, who = people(record)
     profiles = [PROCESS_RUN, WORKFLOW_RUN, WORKFLOW_RO_CRATE] + ([PROVENANCE_RUN] if chain else [])
@@ -210,9 +182,9 @@ def ro_crate(record: dict[str, Any]) -> dict[str, Any]:
         for k, v in record["environment"].items()
     ]
     if chain:
-        main, extra = rocrate_chain.entities(record, agent)
+        main, extra = chain_entities(record, agent)
     else:
-        main = "launch.sh"
+        main = rundir.LAUNCH_SCRIPT
         extra = [run_action(record, main, agent)]
         extra += [
             {
@@ -239,12 +211,13 @@ def ro_crate(record: dict[str, Any]) -> dict[str, Any]:
         "conformsTo": [{"@id": p} for p in profiles],
         "mainEntity": {"@id": main},
         "mentions": [{"@id": a} for a in actions],
-        "hasPart": [{"@id": f["@id"]} for f in files] + [{"@id": "provenance.json"}, {"@id": "README.md"}],
+        "hasPart": [{"@id": f["@id"]} for f in files]
+        + [{"@id": rundir.PROVENANCE}, {"@id": rundir.CRATE_README}],
     }
     sw = software(record["versions"]["installed"])
     graph: list[dict[str, Any]] = [
         {
-            "@id": "ro-crate-metadata.json",
+            "@id": rundir.CRATE,
             "@type": "CreativeWork",
             "about": {"@id": "./"},
             "conformsTo": [{"@id": RO_CRATE}, {"@id": WORKFLOW_RO_CRATE}],
@@ -254,18 +227,18 @@ def ro_crate(record: dict[str, Any]) -> dict[str, Any]:
         LICENSE,
         *who,
         {
-            "@id": "provenance.json",
+            "@id": rundir.PROVENANCE,
             "@type": "File",
-            "name": "provenance.json",
+            "name": rundir.PROVENANCE,
             "encodingFormat": "application/json",
             "conformsTo": {"@id": "#schema"},
             "description": "the full record (docs/provenance.md)",
         },
         {"@id": "#schema", "@type": "CreativeWork", "name": record["schema"]},
         {
-            "@id": "README.md",
+            "@id": rundir.CRATE_README,
             "@type": "File",
-            "name": "README.md",
+            "name": rundir.CRATE_README,
             "about": {"@id": "./"},
             "encodingFormat": "text/markdown",
             "description": "what this record is and how to check it",
@@ -300,29 +273,117 @@ def _singles(node: dict[str, Any]) -> dict[str, Any]:
     return {k: v[0] if isinstance(v, list) and len(v) == 1 else v for k, v in node.items()}
 
 
-def crate_readme(record: dict[str, Any]) -> str:
-    """README.md of the crate: what the record is and the commands that check it."""
-    chain = record.get("workflow")
-    steps = " -> ".join(s["name"] for s in chain["steps"]) if chain else "one `engine run`"
-    return "\n".join(
-        [
-            f"# Run record of {record['recipe']['name']}",
-            "",
-            f"GRPO run of recipe `{record['recipe']['name']}` ({record.get('status')}, "
-            f"{record.get('start')} -> {record.get('end')}), git {record['git'].get('commit')} "
-            f"(dirty: {record['git'].get('dirty')}); steps: {steps}.",
-            "",
-            "- `provenance.json`: the full record (schema `" + record["schema"] + "`, docs/provenance.md)",
-            "- `ro-crate-metadata.json`: the same as an RO-Crate 1.1 ("
-            + ("Provenance" if chain else "Workflow")
-            + " Run Crate 0.5)",
-            "- check every hashed file: `python -m engine provenance verify .`",
-            "- rerun and compare step metrics: `python -m engine rerun . --out NEW_DIR`",
-            "",
-        ]
-    )
-
-
 def _types(node: dict[str, Any]) -> list[str]:
     kind = node.get("@type", [])
     return [kind] if isinstance(kind, str) else list(kind)
+
+
+def tool_id(command: str) -> str:
+    """Absolute id of an engine command (`python -m engine run` -> <source>#engine-run)."""
+    return f"{project()['source']}#engine-{command.split()[-1]}"
+
+
+def _tools(steps: list[dict[str, Any]], version: str) -> list[dict[str, Any]]:
+    """One SoftwareApplication per engine command, naming the rules that ran it."""
+    rules: dict[str, list[str]] = {}
+    for step in steps:
+        rules.setdefault(step["command"], []).append(step["name"])
+    return [
+        {"@id": tool_id(command), "@type": "SoftwareApplication", "name": command, "url": project()["source"]}
+        | {"description": f"the engine command of rule(s) {', '.join(names)}", "softwareVersion": version}
+        for command, names in rules.items()
+    ]
+
+
+def _step_action(step: dict[str, Any], record: dict[str, Any], agent: dict[str, Any]) -> dict[str, Any]:
+    if step["name"] == "train":
+        action = run_action(record, tool_id(step["command"]), agent)
+    else:
+        action = {
+            "@id": f"#run-{step['name']}",
+            "@type": "CreateAction",
+            "name": f"{step['name']} of {record['recipe']['name']}",
+            "description": step["description"],
+            "instrument": {"@id": tool_id(step["command"])},
+            "agent": agent,
+            "actionStatus": STATUS[step.get("exit_code") in (0, None)],
+            "object": [{"@id": file_id(p)} for p in step["object"]],
+            "result": [{"@id": file_id(p)} for p in step["result"]],
+        }
+        for key, prop in (("start", "startTime"), ("end", "endTime")):
+            if step.get(key):
+                action[prop] = step[key]
+    return action
+
+
+def chain_entities(record: dict[str, Any], agent: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """The Snakemake chain: the Snakefile is the workflow (`ComputationalWorkflow` + `HowTo`), each rule that
+    ran a `HowToStep` whose tool is its engine command, each step run a `CreateAction` (train: `#run`)
+    in a `ControlAction`, and Snakemake's `OrganizeAction` ties them to the workflow run.
+    Returns (id of the workflow, the entities of tools, steps and actions)."""
+    chain = record["workflow"]
+    steps = chain["steps"]
+    engine_version = str(record["versions"]["installed"].get("engine"))
+    version = str(chain["engine"]["version"])
+    snakemake = {"@id": PYPI.format("snakemake"), "@type": "SoftwareApplication", "name": "Snakemake"}
+    snakemake |= {"url": SNAKEMAKE_DOCS, "softwareVersion": version}
+    language = {"@id": "#snakemake", "@type": "ComputerLanguage", "name": "Snakemake"}
+    language |= {"url": {"@id": SNAKEMAKE_DOCS}, "version": version}
+    tools = _tools(steps, engine_version)
+    main = file_id(chain["snakefile"])
+    howto = [
+        {
+            "@id": f"#step-{s['name']}",
+            "@type": "HowToStep",
+            "name": s["name"],
+            "position": s["position"],
+            "workExample": {"@id": tool_id(s["command"])},
+        }
+        for s in steps
+    ]
+    workflow = {
+        "@id": main,
+        "name": "Snakefile (prepare_data -> smoke -> train -> export -> provenance)",
+        "programmingLanguage": {"@id": language["@id"]},
+        "hasPart": [{"@id": t["@id"]} for t in tools],
+        "step": [{"@id": h["@id"]} for h in howto],
+    }
+    runs = [_step_action(s, record, agent) for s in steps]
+    controls = [
+        {
+            "@id": f"#control-{s['name']}",
+            "@type": "ControlAction",
+            "name": f"orchestrate {s['name']}",
+            "instrument": {"@id": f"#step-{s['name']}"},
+            "object": {"@id": run["@id"]},
+        }
+        for s, run in zip(steps, runs, strict=True)
+    ]
+    starts = [r["startTime"] for r in runs if r.get("startTime")]
+    ends = [r["endTime"] for r in runs if r.get("endTime")]
+    ok = all(r["actionStatus"] == STATUS[True] for r in runs)
+    times = ({"startTime": min(starts)} if starts else {}) | ({"endTime": max(ends)} if ends else {})
+    exports = [{"@id": file_id(e["path"])} for e in record["outputs"] if e["role"] == "export"]
+    workflow_run = {
+        "@id": "#workflow-run",
+        "@type": "CreateAction",
+        "name": f"Snakemake run of recipe {record['recipe']['name']}",
+        "description": f"{len(steps)} steps: " + " -> ".join(s["name"] for s in steps),
+        "instrument": {"@id": main},
+        "agent": agent,
+        "actionStatus": STATUS[ok],
+        "object": [{"@id": rundir.RECIPE}],
+        "result": exports or [{"@id": file_id(p)} for p in steps[-1]["result"]],
+        **times,
+    }
+    organize = {
+        "@id": "#organize",
+        "@type": "OrganizeAction",
+        "name": f"Snakemake {version} orchestration",
+        "instrument": {"@id": snakemake["@id"]},
+        "agent": agent,
+        "object": [{"@id": c["@id"]} for c in controls],
+        "result": {"@id": workflow_run["@id"]},
+        **times,
+    }
+    return main, [workflow, workflow_run, organize, *runs, *controls, *howto, *tools, snakemake, language]

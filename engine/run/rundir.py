@@ -24,6 +24,12 @@ RECORD = "run.json"  # what the launch saw: command, exit code, steps, gates; wr
 GPU_MEMORY = "gpu-memory.csv"  # nvidia-smi's samples of the whole device during a GPU launch
 # a failed launch's record as the workflow keeps it: Snakemake removes a failed job's declared output
 FAILED_RECORD = "run.failed.json"
+EARLIER_METRICS = "metrics.earlier.jsonl"  # the workflow's train rule: steps of earlier attempts
+RUN_REPORT = "smoke_report.json"  # `engine smoke-report`: gates, step split, memory of an accelerator run
+# what `engine provenance write` adds: the record, the same as an RO-Crate, and the crate's README
+PROVENANCE = "provenance.json"
+CRATE = "ro-crate-metadata.json"
+CRATE_README = "README.md"
 CHECKPOINTS = "checkpoints"
 CLUSTER_SCRIPT = "ray_cluster.sh"  # the Ray bring-up of a multi-node run (engine.run.cluster)
 LAST_ATTEMPT = "last-attempt"
@@ -78,6 +84,30 @@ class RunDir:
     @property
     def gpu_memory(self) -> Path:
         return self.path / GPU_MEMORY
+
+    @property
+    def failed_record(self) -> Path:
+        return self.path / FAILED_RECORD
+
+    @property
+    def earlier_metrics(self) -> Path:
+        return self.path / EARLIER_METRICS
+
+    @property
+    def run_report(self) -> Path:
+        return self.path / RUN_REPORT
+
+    @property
+    def provenance(self) -> Path:
+        return self.path / PROVENANCE
+
+    @property
+    def crate(self) -> Path:
+        return self.path / CRATE
+
+    @property
+    def crate_readme(self) -> Path:
+        return self.path / CRATE_README
 
     @property
     def checkpoints(self) -> Path:

@@ -94,7 +94,12 @@ def test_verl_merger_rejects_turbo_meshes_and_auto_falls_back(checkpoints: dict,
 
     with pytest.raises(AssertionError, match="Unsupported mesh_dim_names"):
         FSDPModelMerger._calculate_shard_configuration(None, None, ("dp_fsdp",))
-    report = export.export(checkpoints[("moe", "turbo")], tmp_path / "out", logits=True, shard_size=64 << 10)
+    from engine.records import publish
+
+    card = publish.card_for(merge.resolve_actor_dir(checkpoints[("moe", "turbo")]), None)
+    report = export.export(
+        checkpoints[("moe", "turbo")], tmp_path / "out", logits=True, shard_size=64 << 10, card=card
+    )
     assert report["method"] == "dtensor"
     out = tmp_path / "out"
     names = sorted(p.name for p in out.iterdir())
@@ -215,19 +220,27 @@ def test_verify_logits_fails_on_weights_or_logits_that_are_not_finite(
 def test_the_card_quotes_only_a_record_that_verifies_and_names_the_checkpoint(
     checkpoints: dict, tmp_path: Path
 ) -> None:
-    from engine.records import provenance
+    from engine.records import provenance, publish
     from tests.support.runs import fake_run
 
     run = fake_run(tmp_path)
     shutil.rmtree(run / "checkpoints")
     shutil.copytree(checkpoints[("dense", "fsdp2")], run / "checkpoints")
     record = provenance.write(run)
-    report = export.export(run / "checkpoints", tmp_path / "out", record=str(record))
-    assert report["method"] == "verl"
-    assert "- earlier record: overrides sha256" in (tmp_path / "out" / "README.md").read_text()
+    assert (
+        publish.export_main(
+            [str(run / "checkpoints"), "--out", str(tmp_path / "out"), "--record", str(record)]
+        )
+        == 0
+    )
+    assert json.loads((tmp_path / "out" / "export.json").read_text())["method"] == "verl"
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "- earlier record: overrides sha256" in card
     (run / "recipe.yaml").write_text("name: edited\n")  # after the record was written
     with pytest.raises(UserError, match=r"--record .*changed: recipe.yaml \(run\)"):
-        export.export(run / "checkpoints", tmp_path / "again", record=str(record))
+        publish.export_main(
+            [str(run / "checkpoints"), "--out", str(tmp_path / "again"), "--record", str(record)]
+        )
     assert not (tmp_path / "again").exists()
 
 

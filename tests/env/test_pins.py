@@ -133,11 +133,11 @@ def test_every_image_pin_cites_what_validated_it() -> None:
 
 
 def test_one_stack_per_run_for_preflight_and_the_record(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.records import provenance
+    from engine.records import origin
 
     monkeypatch.delenv("ENGINE_STACK", raising=False)
     assert [pins.stack_for(d) for d in ("gpu", "npu", "cpu", None)] == ["gpu", "ascend-a3", "cpu", "cpu"]
     # a GPU run outside the image is judged by the GPU pins in its record too, not the CI venv's
-    assert provenance.versions("gpu")["drift"] == pins.drift("gpu") != pins.drift("cpu")
+    assert origin.versions("gpu")["drift"] == pins.drift("gpu") != pins.drift("cpu")
     monkeypatch.setenv("ENGINE_STACK", "ascend-a2")  # inside an image, the image's stack wins
     assert pins.stack_for("gpu") == "ascend-a2"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 
+from engine.records import publish
 from engine.records.model_card import model_card
 
 REPORT = {
@@ -34,7 +35,7 @@ def _run(root: Path, model_name: str, model_path: Path) -> Path:
 
 def _card(tmp_path: Path, actor: Path) -> ModelCard:
     path = tmp_path / "README.md"
-    path.write_text(model_card(REPORT | {"checkpoint": str(actor)}, actor))
+    path.write_text(publish.card_for(actor, None)(REPORT | {"checkpoint": str(actor)}))
     return ModelCard.load(path)
 
 
@@ -70,6 +71,12 @@ def test_card_without_a_run_directory_still_parses(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("field", ["license", "base_model", "library_name", "tags"])
 def test_card_metadata_is_yaml_front_matter(tmp_path: Path, field: str) -> None:
-    text = model_card(REPORT, _run(tmp_path, "Qwen3.5-2B", tmp_path / "m"))
+    text = publish.card_for(_run(tmp_path, "Qwen3.5-2B", tmp_path / "m"), None)(REPORT)
     front = text.split("---\n")[1]
     assert any(line.startswith(f"{field}:") for line in front.splitlines())
+
+
+def test_card_is_built_from_what_the_caller_passes() -> None:
+    """The commit comes from the caller (an earlier record's, else the checkout's): nothing is looked up."""
+    text = model_card(REPORT, None, {"commit": "0123abc", "dirty": True})
+    assert "- code: git 0123abc (dirty: True)" in text and "no provenance record" in text

@@ -1,27 +1,71 @@
-"""What a record adds around its run directory: the Snakemake chain that produced it, and who ran it.
+"""The chain of one recipe's runs under results/<recipe>/, named once, and what a record says of it.
 
-`provenance write RUN_DIR --workflow SNAKEFILE` records RUN_DIR as the train step of the chain the
-Snakefile runs under results/<recipe>/ (docs/workflow.md): data/ (prepare_data), smoke/, RUN_DIR (train)
-and the --export directories (export). The record's `workflow` key lists the steps;
-engine.records.rocrate_chain turns them into a Provenance Run Crate. `agent` and `publisher` name the
-crate's author and publisher.
+The workflow's rules write the chain (docs/workflow.md): data/ (prepare_data), smoke/, train/ (the run
+directory), export/, control/, report/, logs/. `ChainDir` names every path of it, for the rules and for
+the record. `provenance write RUN_DIR --workflow SNAKEFILE` records RUN_DIR as the train step of its chain
+and the --export directories as its export steps; the RO-Crate turns the steps into a Provenance Run Crate.
 """
 
 from __future__ import annotations
 
-import getpass
 import json
-import os
-import subprocess
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from engine.checkpoint import layout
+from engine.checkpoint.layout import ExportDir
+from engine.data import prepare
 from engine.errors import UserError
 from engine.run.rundir import RunDir
 
 ENGINE = "python -m engine"
+
+
+@dataclass(frozen=True)
+class ChainDir:
+    """The paths of one recipe's chain; also a pattern for the rules: `ChainDir(Path("results/{recipe}"))`."""
+
+    path: Path
+
+    @property
+    def data(self) -> Path:
+        return self.path / "data"
+
+    def split(self, name: str) -> Path:
+        """One of prepare-data's parquet files (engine.data.prepare.SPLITS)."""
+        return self.data / f"{name}.parquet"
+
+    @property
+    def manifest(self) -> Path:
+        return self.data / prepare.MANIFEST
+
+    @property
+    def smoke(self) -> RunDir:
+        return RunDir(self.path / "smoke")
+
+    @property
+    def train(self) -> RunDir:
+        return RunDir(self.path / "train")
+
+    @property
+    def control(self) -> RunDir:
+        return RunDir(self.path / "control")
+
+    @property
+    def export(self) -> ExportDir:
+        return ExportDir(self.path / "export")
+
+    @property
+    def curves(self) -> Path:
+        return self.path / "report" / "curves.png"
+
+    def log(self, rule: str) -> Path:
+        return self.path / "logs" / f"{rule}.log"
+
+    def benchmark(self, rule: str) -> Path:
+        return self.path / "benchmarks" / f"{rule}.tsv"
 
 
 def mtime(path: Path) -> str:
@@ -58,7 +102,7 @@ def check_written_as(
     be as its own command wrote it: the record vouches for it ("keys verified", "N rows")."""
     expected: dict[Path, str] = {}
     for export in exports:
-        sums = export / "SHA256SUMS"
+        sums = ExportDir(export).sums
         for line in sums.read_text(errors="replace").splitlines() if sums.is_file() else []:
             digest, _, name = line.partition("  ")
             expected[(export / name).resolve()] = digest
@@ -84,11 +128,11 @@ def steps(
     """
     if not snakefile.is_file():
         raise UserError(f"--workflow {snakefile}: no such file: pass the Snakefile that ran the chain")
-    chain = run_dir.parent
-    manifest_path = _need(chain / "data" / "manifest.json", "prepare_data step")
+    chain = ChainDir(run_dir.parent)
+    manifest_path = _need(chain.manifest, "prepare_data step")
     manifest = json.loads(manifest_path.read_text())
-    data = [chain / "data" / name for name in sorted(manifest.get("files", {}))] + [manifest_path]
-    smoke_dir = RunDir(chain / "smoke")
+    data = [chain.data / name for name in sorted(manifest.get("files", {}))] + [manifest_path]
+    smoke_dir = chain.smoke
     smoke_run = _need(smoke_dir.record, "smoke step")
     smoke = json.loads(smoke_run.read_text())
     smoke_files = [p for p in (smoke_run, smoke_dir.metrics) if p.is_file()]
@@ -125,10 +169,10 @@ def steps(
         },
     ]
     for n, export in enumerate(exports, start=1):
-        report_path = _need(export / "export.json", "export step")
+        report_path = _need(ExportDir(export).report, "export step")
         report = json.loads(report_path.read_text())
         structure = report.get("verification", {}).get("structure", {})
-        sums = export / "SHA256SUMS"
+        sums = ExportDir(export).sums
         found.append(
             {
                 "name": "export" if len(exports) == 1 else f"export-{n}",
@@ -145,39 +189,3 @@ def steps(
         step["position"] = position
     hashed = [(snakefile, "workflow"), *((p, "data") for p in data), *((p, "smoke") for p in smoke_files)]
     return hashed, found
-
-
-def _git_user(repo: Path) -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "config", "user.name"], cwd=repo, capture_output=True, text=True, timeout=30, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
-
-
-def agent(repo: Path) -> dict[str, str]:
-    """Who ran it: $ENGINE_AUTHOR, else git's user.name, else the login name."""
-    if os.environ.get("ENGINE_AUTHOR"):
-        return {"name": os.environ["ENGINE_AUTHOR"], "source": "ENGINE_AUTHOR"}
-    name = _git_user(repo)
-    if name:
-        return {"name": name, "source": "git user.name"}
-    try:
-        return {"name": getpass.getuser(), "source": "login name"}
-    except (OSError, KeyError):
-        return {"name": f"uid {os.getuid()}", "source": "uid"}
-
-
-def publisher() -> dict[str, str] | None:
-    """The organisation publishing the record: $ENGINE_PUBLISHER + $ENGINE_PUBLISHER_URL, or None."""
-    name, url = os.environ.get("ENGINE_PUBLISHER"), os.environ.get("ENGINE_PUBLISHER_URL")
-    if not name and not url:
-        return None
-    if not (name and url and url.startswith(("https://", "http://"))):
-        raise UserError(
-            "ENGINE_PUBLISHER and ENGINE_PUBLISHER_URL go together: set both (the URL as https://...) "
-            "or neither"
-        )
-    return {"name": name, "url": url}

@@ -1,0 +1,147 @@
+"""Where a run came from: the code (git), the people (author, publisher), the machine and the software.
+
+Each is read at record time, never from verl (which records none of it); `provenance write` puts them into
+the record, the RO-Crate turns them into entities. Nothing here fails a record: what cannot be read is
+recorded as unknown.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from engine.errors import UserError
+from engine.run.redact import scrub
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_info(repo: Path | None) -> dict[str, Any]:
+    """Commit, dirty flag, branch and (scrubbed) remote of the checkout the engine runs from."""
+    if repo is None:
+        return {"commit": None, "dirty": None, "note": "not a git checkout (an installed engine)"}
+    commit = _run(["git", "rev-parse", "HEAD"], repo)
+    if commit is None:
+        return {"commit": None, "dirty": None, "note": "not a git checkout"}
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], repo) or ""
+    remote = _run(["git", "remote", "get-url", "origin"], repo)
+    return {
+        "commit": commit,
+        "dirty": bool(status),
+        "branch": _run(["git", "branch", "--show-current"], repo),
+        "remote": scrub(remote) if remote else None,
+    }
+
+
+def container_info() -> dict[str, Any]:
+    """Image reference, digest and labels when running inside one of the project's containers."""
+    info: dict[str, Any] = {"inside": Path("/.dockerenv").exists() or Path("/run/.containerenv").exists()}
+    for key, var in (("image", "ENGINE_IMAGE"), ("digest", "ENGINE_IMAGE_DIGEST")):
+        info[key] = os.environ.get(var)
+    containerenv = Path("/run/.containerenv")
+    if containerenv.is_file():  # podman writes image=/imageid= here
+        for line in containerenv.read_text(errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            if key in ("image", "imageid"):
+                info.setdefault("containerenv", {})[key] = value.strip('"')
+    labels = Path(os.environ.get("ENGINE_IMAGE_LABELS", "/etc/engine/image-labels.json"))
+    if labels.is_file():
+        info["labels"] = json.loads(labels.read_text())
+    return info
+
+
+def versions(device: str | None = None) -> dict[str, Any]:
+    """Pins versus installed versions (engine.env.pins when present, else package metadata), judged
+    against the stack preflight used for this device."""
+    try:
+        from engine.env import pins
+
+        installed = pins.installed_versions()
+        try:
+            drift = pins.drift(pins.stack_for(device))
+        except Exception as err:  # a stack the pins file lacks must not lose the record
+            drift = [f"unavailable: {err.__class__.__name__}"]
+        return {"installed": installed, "drift": drift, "pins_source": "engine.env.pins"}
+    except ImportError:
+        names = ["torch", "verl", "transformers", "vllm", "vllm-ascend", "ray", "TransferQueue", "snakemake"]
+        found = {}
+        for name in names:
+            try:
+                found[name] = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                found[name] = None
+        return {"installed": found, "drift": "unavailable", "pins_source": "package metadata"}
+
+
+def hardware() -> dict[str, Any]:
+    gpus = _run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"])
+    if gpus:
+        rows = [line.strip() for line in gpus.splitlines() if line.strip()]
+        return {"accelerator": "gpu", "count": len(rows), "devices": rows}
+    npus = _run(["npu-smi", "info", "-l"])
+    if npus:
+        return {"accelerator": "npu", "count": npus.count("NPU ID"), "npu_smi": npus.splitlines()[:40]}
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in _read("/proc/cpuinfo").splitlines() if "model name" in ln),
+        None,
+    )
+    mem = next(
+        (ln.split()[1] for ln in _read("/proc/meminfo").splitlines() if ln.startswith("MemTotal")), "0"
+    )
+    return {
+        "accelerator": "cpu",
+        "count": 0,
+        "cpu": model or platform.processor(),
+        "cores": os.cpu_count(),
+        "memory_gib": round(int(mem) / (1 << 20), 1),
+        "machine": platform.machine(),
+    }
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _git_user(repo: Path | None) -> str | None:
+    return _run(["git", "config", "user.name"], repo) or None
+
+
+def agent(repo: Path | None) -> dict[str, str]:
+    """Who ran it: $ENGINE_AUTHOR, else git's user.name, else the login name."""
+    if os.environ.get("ENGINE_AUTHOR"):
+        return {"name": os.environ["ENGINE_AUTHOR"], "source": "ENGINE_AUTHOR"}
+    name = _git_user(repo)
+    if name:
+        return {"name": name, "source": "git user.name"}
+    try:
+        return {"name": getpass.getuser(), "source": "login name"}
+    except (OSError, KeyError):
+        return {"name": f"uid {os.getuid()}", "source": "uid"}
+
+
+def publisher() -> dict[str, str] | None:
+    """The organisation publishing the record: $ENGINE_PUBLISHER + $ENGINE_PUBLISHER_URL, or None."""
+    name, url = os.environ.get("ENGINE_PUBLISHER"), os.environ.get("ENGINE_PUBLISHER_URL")
+    if not name and not url:
+        return None
+    if not (name and url and url.startswith(("https://", "http://"))):
+        raise UserError(
+            "ENGINE_PUBLISHER and ENGINE_PUBLISHER_URL go together: set both (the URL as https://...) "
+            "or neither"
+        )
+    return {"name": name, "url": url}
