@@ -53,6 +53,28 @@ def same_files(a: Path, b: Path) -> None:
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
+def documented_slurm_runs() -> list[str]:
+    """The `snakemake --profile profiles/slurm_*` commands of the README and docs/workflow.md."""
+    found = []
+    for doc in ("README.md", "docs/workflow.md"):
+        for line in (ROOT / doc).read_text().replace("\\\n", " ").splitlines():
+            command = line.split("  #", 1)[0].strip()
+            if re.match(r"(\.venv/bin/)?snakemake .*--profile profiles/slurm_", command):
+                found.append(command)
+    return found
+
+
+@pytest.mark.parametrize("command", documented_slurm_runs())
+def test_documented_slurm_runs_pass_preflight(command: str, tmp_path: Path) -> None:
+    """Each example builds its DAG, every plan passing preflight (a dry run submits nothing)."""
+    work = workflow_copy(tmp_path)
+    argv = [str(SNAKEMAKE), "-n", *shlex.split(command)[1:]]
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "rule train:" in proc.stdout
+
+
 @pytest.mark.slow
 def test_cpu_profile_runs_the_tiny_chain_through_sbatch(
     slurm: Slurm, tmp_path: Path, tiny_assets: Path, tiny_cpu_run: Launch
