@@ -20,6 +20,7 @@ set -euo pipefail
 
 DAEMONS=(slurmd-n2 slurmd-n1 slurmctld munged)  # stop order: nodes, controller, then munge
 DEFAULT_CONF=/etc/slurm/slurm.conf
+MARK="# single-host test cluster written by ci/slurm.sh"
 
 install() {
     if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null; then
@@ -47,22 +48,29 @@ free_port() {  # a TCP port nothing listens on now
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
+running() {  # the daemons of run directory $1 that are alive
+    local name
+    for name in "${DAEMONS[@]}"; do
+        if [ -s "$1/$name.pid" ] && kill -0 "$(cat "$1/$name.pid")" 2>/dev/null; then echo "$name"; fi
+    done
+}
+
 up() {
     local dir=$1 cpus=${SLURM_NODE_CPUS:-8}
     mkdir -p "$dir"
     dir=$(cd "$dir" && pwd)
-    for name in "${DAEMONS[@]}"; do
-        if [ -s "$dir/$name.pid" ] && kill -0 "$(cat "$dir/$name.pid")" 2>/dev/null; then
-            echo "error: $name of $dir is running already; run 'bash ci/slurm.sh down $dir' first" >&2
-            return 3
-        fi
-    done
+    if [ -n "$(running "$dir")" ]; then
+        echo "error: Slurm of $dir is running already; run 'bash ci/slurm.sh down $dir' first" >&2
+        return 3
+    fi
     if [ -e "$DEFAULT_CONF" ] || [ -L "$DEFAULT_CONF" ]; then
-        local target
+        local target owner
         target=$(readlink "$DEFAULT_CONF" || true)
-        # a link left by a test cluster whose directory is gone may go; anything else is the host's
-        if [ -z "$target" ] || [ -e "$target" ]; then
-            echo "error: $DEFAULT_CONF exists (${target:-a file}): this host has a Slurm of its own;" \
+        owner=$(dirname "${target:-/}")
+        # a link this script left (a killed test) whose cluster is down may go; anything else stays
+        if [ -z "$target" ] || { grep -qs "^$MARK" "$target" && [ -n "$(running "$owner")" ]; } \
+            || { [ -e "$target" ] && ! grep -qs "^$MARK" "$target"; }; then
+            echo "error: $DEFAULT_CONF exists (${target:-a file}): this host runs a Slurm already;" \
                 "run the Slurm tests on a host without one" >&2
             return 3
         fi
@@ -77,7 +85,7 @@ up() {
     ctl_port=$(free_port) n1_port=$(free_port) n2_port=$(free_port)
     host=$(hostname -s)
     cat >"$dir/slurm.conf" <<EOF
-# single-host test cluster written by ci/slurm.sh
+$MARK
 ClusterName=engine-ci
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$ctl_port
