@@ -232,11 +232,11 @@ def lost_metrics(rows: list[dict[str, Any]], saved: int, saved_before: int, stag
     yet no step reached the metrics file (None when there is no such loss)."""
     if rows or saved <= saved_before:
         return None
-    problem = staged.metrics_problem() or f"{staged.metrics} holds no step row"
+    problem = staged.metrics_problem() or "holds no step row"
     return (
-        f"verl trained to step {saved} (checkpoint; step {saved_before} before this launch) but logged no "
-        f"metrics: {problem}. verl's file logger writes to VERL_FILE_LOGGER_PATH of its TaskRunner's Ray "
-        "worker, so that worker did not get the path (a Ray cluster started without the job's runtime env?)"
+        f"verl trained to step {saved} (checkpoint; step {saved_before} before this launch) but this "
+        f"launch's {rundir.METRICS} {problem}: verl's file logger writes to the VERL_FILE_LOGGER_PATH of its "
+        "TaskRunner's Ray worker, which did not get it (a Ray cluster started without the job's runtime env?)"
     )
 
 

@@ -84,13 +84,13 @@ class RunDir:
         return read_metrics(self.metrics)
 
     def metrics_problem(self) -> str | None:
-        """Why the metrics file holds no step (missing, empty, no step row); None when it holds one."""
+        """Why the metrics file holds no step ("is missing", "is empty", ...); None when it holds one."""
         if not self.metrics.is_file():
-            return f"{self.metrics} is missing"
+            return "is missing"
         if self.metrics.stat().st_size == 0:
-            return f"{self.metrics} is empty"
+            return "is empty"
         if not self.read_metrics():
-            return f"{self.metrics} holds no step row"
+            return "holds no step row"
         return None
 
     def saved_step(self) -> int:

@@ -75,9 +75,9 @@ def test_metrics_lost_by_a_launch_that_trained_are_an_error(tmp_path: Path) -> N
     cause (a 2-node run once exited 0 as "already trained" with its metrics in another directory)."""
     run = rundir.RunDir(tmp_path)
     lost = launcher.lost_metrics([], saved=2, saved_before=0, staged=run)
-    assert lost is not None and f"{run.metrics} is missing" in lost and "trained to step 2" in lost
+    assert lost is not None and "metrics.jsonl is missing" in lost and "trained to step 2" in lost
     run.metrics.write_text("")
-    assert f"{run.metrics} is empty" in (launcher.lost_metrics([], 2, 0, run) or "")
+    assert "metrics.jsonl is empty" in (launcher.lost_metrics([], 2, 0, run) or "")
     rows = [{"step": 1, "data": {}}, {"step": 2, "data": {}}]
     assert launcher.lost_metrics(rows, 2, 0, run) is None  # logged what it trained
     assert launcher.lost_metrics([], 2, 2, run) is None  # an earlier attempt's finished checkpoint
