@@ -18,7 +18,7 @@
 # (SlurmdParameters=config_overrides), so a 2-core machine can host a job of Ray's logical CPUs.
 set -euo pipefail
 
-DAEMONS=(slurmd-n2 slurmd-n1 slurmctld munged)  # stop order: nodes, controller, then munge
+DAEMONS=(slurmd-n2 slurmd-n1 slurmctld munged)
 DEFAULT_CONF=/etc/slurm/slurm.conf
 MARK="# single-host test cluster written by ci/slurm.sh"
 
@@ -142,16 +142,20 @@ EOF
 }
 
 down() {
-    local dir=$1 name pid
+    local dir=$1 name pid pids=()
     [ -d "$dir" ] || return 0
     dir=$(cd "$dir" && pwd)
     for name in "${DAEMONS[@]}"; do
         [ -s "$dir/$name.pid" ] || continue
         pid=$(cat "$dir/$name.pid")
-        kill "$pid" 2>/dev/null || continue
-        for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$pid" 2>/dev/null || true
+        kill "$pid" 2>/dev/null && pids+=("$pid")
     done
+    for _ in $(seq 150); do  # 15 s for all of them to exit, then SIGKILL
+        for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && break; pid=; done
+        [ -z "${pid:-}" ] && break
+        sleep 0.1
+    done
+    for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
     if [ "$(readlink "$DEFAULT_CONF" 2>/dev/null)" = "$dir/slurm.conf" ]; then
         rm -f "$DEFAULT_CONF"
     fi

@@ -53,14 +53,14 @@ def same_files(a: Path, b: Path) -> None:
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
-def documented_slurm_runs() -> list[str]:
+def documented_slurm_runs() -> list:
     """The `snakemake --profile profiles/slurm_*` commands of the README and docs/workflow.md."""
     found = []
     for doc in ("README.md", "docs/workflow.md"):
         for line in (ROOT / doc).read_text().replace("\\\n", " ").splitlines():
             command = line.split("  #", 1)[0].strip()
             if re.match(r"(\.venv/bin/)?snakemake .*--profile profiles/slurm_", command):
-                found.append(command)
+                found.append(pytest.param(command, id=f"{doc}-{len(found)}"))
     return found
 
 

@@ -39,6 +39,19 @@ BASE_PORT = 6379
 # gives it to register, and the raylet then exits, taking the head down ("Timed out waiting for file
 # .../metrics_agent_port_*", seen at load 16 on 2 cores). A caller's own value wins.
 RAY_START_ENV = {"RAY_agent_register_timeout_ms": "300000"}
+# `ray start` gives its raylet a fixed 30 s to register with the GCS; on a loaded host that runs out
+# ("The current node timed out during startup", seen at load 20-30 on 2 cores) and it exits 1, having
+# stopped what it started (--block). Each node's step starts it again, twice at most; a signal (the
+# cleanup, scancel) reaches it and ends the step instead.
+RESTARTS = 2
+RESTART_WRAPPER = (
+    'stop() { kill "$pid" 2>/dev/null; wait "$pid"; exit 143; }; trap stop TERM INT; '
+    f"for attempt in $(seq {RESTARTS + 1}); do "
+    '"$@" & pid=$!; wait "$pid"; rc=$?; '
+    f'if [ "$rc" != 1 ] || [ "$attempt" -gt {RESTARTS} ]; then exit "$rc"; fi; '
+    'echo "ray start exited 1 (Ray gives a node 30 s to come up): starting it again" >&2; sleep 5; '
+    "done"
+)
 # Environment every Ray process needs besides the plan's own: how Python finds the engine, where the
 # venv lives, and the launcher's view of the repository.
 PASSTHROUGH = (
@@ -88,7 +101,7 @@ def ray_resources(device: str, devices: int) -> list[str]:
 
 def render(b: BringUp) -> str:
     """The bring-up script (bash, `set -euo pipefail`); it must run inside the Slurm allocation."""
-    ray = [b.python, "-m", "ray.scripts.scripts"]
+    ray = 'bash -c "$restart" ray-node ' + shlex.join([b.python, "-m", "ray.scripts.scripts"])
     port = str(b.port) if b.port else f"$(( {BASE_PORT} + SLURM_JOB_ID % 1000 ))"
     exports = [f"export {k}={shlex.quote(v)}" for k, v in sorted(b.env.items())]
     defaults = [f'export {k}="${{{k}:-{v}}}"' for k, v in sorted(RAY_START_ENV.items())]
@@ -119,6 +132,7 @@ def render(b: BringUp) -> str:
         '  && [ -z "${RAY_AUTH_TOKEN_PATH:-}" ]; then',
         f"  RAY_AUTH_TOKEN=$({token}); export RAY_AUTH_TOKEN",
         "fi",
+        f"restart={shlex.quote(RESTART_WRAPPER)}  # each node's ray start, again after Ray's 30 s ran out",
         "pids=()",
         'cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait || true; }',
         "trap cleanup EXIT",
@@ -134,12 +148,12 @@ def render(b: BringUp) -> str:
         "    sleep 5",
         "  done",
         "}",
-        f'{step} -w "$head" {shlex.join(ray)} start --head --node-ip-address="$head_ip" --port="$port" '
+        f'{step} -w "$head" {ray} start --head --node-ip-address="$head_ip" --port="$port" '
         f"--include-dashboard=false {common} &",
         "pids+=($!)",
         "wait_nodes 1  # workers join a head that is up, or they give up",
         f'for host in "${{hosts[@]:1:{b.nodes - 1}}}"; do',
-        f'  {step} -w "$host" {shlex.join(ray)} start --address="$RAY_ADDRESS" {common} &',
+        f'  {step} -w "$host" {ray} start --address="$RAY_ADDRESS" {common} &',
         "  pids+=($!)",
         "done",
         f"wait_nodes {b.nodes}",

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,30 @@ def test_multi_node_plan_leaves_ray_init_sizes_to_ray_start() -> None:
     assert "ray_init" not in text
     starts = [line for line in text.splitlines() if "ray.scripts.scripts start" in line]
     assert all("--num-cpus=24 --num-gpus=1" in line for line in starts) and len(starts) == 2
+
+
+def test_ray_start_that_timed_out_is_started_again_and_a_signal_ends_it(tmp_path: Path) -> None:
+    """The wrapper of each node's `ray start`: exit 1 (Ray's fixed 30 s for a node to come up ran out
+    on a loaded host) starts it again, twice at most; another code is final; SIGTERM stops the child."""
+    tries = tmp_path / "tries"
+    flaky = f'n=$(cat {tries} 2>/dev/null || echo 0); echo $((n + 1)) > {tries}; [ "$n" -ge 2 ]'
+    wrapper = ["bash", "-c", cluster.RESTART_WRAPPER, "ray-node", "bash", "-c"]
+    done = subprocess.run([*wrapper, flaky], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and tries.read_text() == "3\n", done.stderr
+    assert done.stderr.count("starting it again") == 2
+    tries.unlink()
+    assert subprocess.run([*wrapper, flaky.replace("-ge 2 ]", "-ge 5 ]")], timeout=60).returncode == 1
+    assert tries.read_text() == "3\n"  # three starts in all
+    assert subprocess.run([*wrapper, "exit 2"], timeout=60).returncode == 2  # not retried
+    child = tmp_path / "child.pid"
+    node = subprocess.Popen([*wrapper, f"echo $$ > {child}; exec sleep 60"])
+    deadline = time.monotonic() + 30
+    while not child.exists() or not child.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    node.terminate()
+    assert node.wait(timeout=30) == 143
+    assert not Path(f"/proc/{child.read_text().strip()}").exists()
 
 
 def test_launch_checks_paths_before_any_ray_process(tmp_path: Path) -> None:
