@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # Files whose tests share the session's tiny CPU run: one xdist worker runs them all, so it runs once.
-TINY_RUN_FILES = ("tests/run/test_cpu_run.py", "tests/records/test_provenance.py")
+TINY_RUN_FILES = ("tests/run/test_cpu_run.py", "tests/records/test_provenance.py", "tests/test_slurm.py")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -25,6 +25,23 @@ from engine.recipes.schema import Recipe
 ARF = "actor_rollout_ref"
 ENTRYPOINT = ("-m", "verl.trainer.main_ppo")
 EXTERNAL_MODULE = "engine.verl_ext"
+# `ray.init` arguments that size the local Ray verl starts on one node. On N > 1 nodes verl joins the
+# cluster `engine cluster` brought up (RAY_ADDRESS), whose resources `ray start` declares, and Ray
+# refuses every one of them there ("When connecting to an existing cluster, num_cpus and num_gpus must
+# not be provided"): the plan leaves them out, whether a recipe, a profile or --set gave them.
+LOCAL_RAY_INIT = tuple(
+    f"ray_kwargs.ray_init.{name}"
+    for name in (
+        "num_cpus",
+        "num_gpus",
+        "resources",
+        "labels",
+        "object_store_memory",
+        "_system_config",
+        "_enable_object_reconstruction",
+        "_node_name",
+    )
+)
 
 
 @dataclass
@@ -279,11 +296,11 @@ def _trainer(r: Recipe) -> list[Override]:
     if t.max_actor_ckpt_to_keep is not None:
         entries.append(Override("trainer.max_actor_ckpt_to_keep", t.max_actor_ckpt_to_keep))
     if r.cluster.device == "cpu":
-        # verl counts only GPU/NPU resources: CPU ranks are declared to Ray as logical GPU slots.
-        entries += [
-            Override("trainer.device", "cpu"),
-            Override("ray_kwargs.ray_init.num_gpus", r.cluster.devices_per_node * r.cluster.nodes, "+"),
-        ]
+        entries.append(Override("trainer.device", "cpu"))
+        if r.cluster.nodes == 1:
+            # verl counts only GPU/NPU resources: CPU ranks are declared to Ray as logical GPU slots
+            # (on N nodes `engine cluster` declares them at `ray start`)
+            entries.append(Override("ray_kwargs.ray_init.num_gpus", r.cluster.devices_per_node, "+"))
     return entries
 
 
@@ -293,7 +310,10 @@ def _extra(r: Recipe) -> list[Override]:
         prefix = raw_key[: len(raw_key) - len(raw_key.lstrip("+"))]
         if prefix not in ("", "+", "++"):
             raise UserError(f"verl_overrides '{raw_key}': prefix must be '', '+' or '++'")
-        entries.append(Override(raw_key[len(prefix) :], value, prefix))
+        key = raw_key[len(prefix) :]
+        if r.cluster.nodes > 1 and any(key == k or key.startswith(f"{k}.") for k in LOCAL_RAY_INIT):
+            continue
+        entries.append(Override(key, value, prefix))
     return entries
 
 

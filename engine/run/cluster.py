@@ -8,6 +8,13 @@ Slurm's CPU binding); exports the plan's environment before every `ray start`, s
 node inherit it (FSDPTurbo, HCCL ports, the verl extension); waits until all nodes have joined; runs
 `python -m engine run` as the driver; and stops every Ray step when the driver ends, whatever the
 outcome. Ports derive from the Slurm job id unless given, so jobs sharing a host do not collide.
+
+Every Ray process of the job, the head, the workers, `engine cluster wait` and verl's driver, uses one
+authentication mode: the caller's `RAY_AUTH_MODE`, else token authentication with a token made for
+this job and passed in the environment only (`RAY_AUTH_TOKEN`, which Ray prefers to a token file).
+Left to itself, Ray 2.60 enables tokens on `ray start --head` when `~/.ray/auth_token` exists (any
+earlier `ray.init()` writes it) but not on `ray start --address` or in a client, so the workers were
+refused (`InvalidAuthToken`). The recipe's paths and plan are checked before any Ray process starts.
 """
 
 from __future__ import annotations
@@ -28,6 +35,23 @@ from engine.recipes.args import add_recipe_args
 from engine.run import rundir
 
 BASE_PORT = 6379
+# Ray's defaults, raised: on a loaded host the dashboard agent can take longer than the 30 s the raylet
+# gives it to register, and the raylet then exits, taking the head down ("Timed out waiting for file
+# .../metrics_agent_port_*", seen at load 16 on 2 cores). A caller's own value wins.
+RAY_START_ENV = {"RAY_agent_register_timeout_ms": "300000"}
+# `ray start` gives its raylet a fixed 30 s to register with the GCS; on a loaded host that runs out
+# ("The current node timed out during startup", seen at load 20-30 on 2 cores) and it exits 1, having
+# stopped what it started (--block). Each node's step starts it again, twice at most; a signal (the
+# cleanup, scancel) reaches it and ends the step instead.
+RESTARTS = 2
+RESTART_WRAPPER = (
+    'stop() { kill "$pid" 2>/dev/null; wait "$pid"; exit 143; }; trap stop TERM INT; '
+    f"for attempt in $(seq {RESTARTS + 1}); do "
+    '"$@" & pid=$!; wait "$pid"; rc=$?; '
+    f'if [ "$rc" != 1 ] || [ "$attempt" -gt {RESTARTS} ]; then exit "$rc"; fi; '
+    'echo "ray start exited 1 (Ray gives a node 30 s to come up): starting it again" >&2; sleep 5; '
+    "done"
+)
 # Environment every Ray process needs besides the plan's own: how Python finds the engine, where the
 # venv lives, and the launcher's view of the repository.
 PASSTHROUGH = (
@@ -61,24 +85,27 @@ class BringUp:
             raise UserError(
                 f"cluster.nodes={self.nodes}: a Ray bring-up needs 2 or more nodes; 1 uses local Ray"
             )
-        if self.device not in ("gpu", "npu"):
-            raise UserError(f"--device {self.device}: multi-node runs need gpu or npu")
+        if self.device not in ("gpu", "npu", "cpu"):
+            raise UserError(f"--device {self.device}: multi-node runs need gpu, npu or cpu")
         if self.cpus_per_node < 1 or self.devices_per_node < 1:
             raise UserError("--cpus-per-node and devices per node must be positive")
 
 
 def ray_resources(device: str, devices: int) -> list[str]:
-    """`ray start` flags declaring the node's accelerators (Ray's GPU resource, or NPU as a custom one)."""
-    if device == "gpu":
+    """`ray start` flags declaring the node's accelerators (Ray's GPU resource, or NPU as a custom one).
+    CPU ranks are logical GPU slots, as the plan declares them to a local Ray (verl counts only those)."""
+    if device in ("gpu", "cpu"):
         return [f"--num-gpus={devices}"]
     return [f'--resources={{"NPU": {devices}}}']
 
 
 def render(b: BringUp) -> str:
     """The bring-up script (bash, `set -euo pipefail`); it must run inside the Slurm allocation."""
-    ray = [b.python, "-m", "ray.scripts.scripts"]
+    ray = 'bash -c "$restart" ray-node ' + shlex.join([b.python, "-m", "ray.scripts.scripts"])
     port = str(b.port) if b.port else f"$(( {BASE_PORT} + SLURM_JOB_ID % 1000 ))"
     exports = [f"export {k}={shlex.quote(v)}" for k, v in sorted(b.env.items())]
+    defaults = [f'export {k}="${{{k}:-{v}}}"' for k, v in sorted(RAY_START_ENV.items())]
+    token = shlex.join([b.python, "-c", "import secrets; print(secrets.token_hex(32))"])
     resources = " ".join(shlex.quote(x) for x in ray_resources(b.device, b.devices_per_node))
     common = f"--num-cpus={b.cpus_per_node} {resources} --disable-usage-stats --block"
     step = f"srun --nodes=1 --ntasks=1 --cpus-per-task={b.cpus_per_node} --overlap --export=ALL"
@@ -98,6 +125,14 @@ def render(b: BringUp) -> str:
         f"port={port}",
         'export RAY_ADDRESS="$head_ip:$port"',
         *exports,
+        *defaults,
+        "# one auth mode for head, workers and clients; a token of this job's own, in the environment only",
+        'export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"',
+        'if [ "$RAY_AUTH_MODE" = token ] && [ -z "${RAY_AUTH_TOKEN:-}" ] \\',
+        '  && [ -z "${RAY_AUTH_TOKEN_PATH:-}" ]; then',
+        f"  RAY_AUTH_TOKEN=$({token}); export RAY_AUTH_TOKEN",
+        "fi",
+        f"restart={shlex.quote(RESTART_WRAPPER)}  # each node's ray start, again after Ray's 30 s ran out",
         "pids=()",
         'cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait || true; }',
         "trap cleanup EXIT",
@@ -113,12 +148,12 @@ def render(b: BringUp) -> str:
         "    sleep 5",
         "  done",
         "}",
-        f'{step} -w "$head" {shlex.join(ray)} start --head --node-ip-address="$head_ip" --port="$port" '
+        f'{step} -w "$head" {ray} start --head --node-ip-address="$head_ip" --port="$port" '
         f"--include-dashboard=false {common} &",
         "pids+=($!)",
         "wait_nodes 1  # workers join a head that is up, or they give up",
         f'for host in "${{hosts[@]:1:{b.nodes - 1}}}"; do',
-        f'  {step} -w "$host" {shlex.join(ray)} start --address="$RAY_ADDRESS" {common} &',
+        f'  {step} -w "$host" {ray} start --address="$RAY_ADDRESS" {common} &',
         "  pids+=($!)",
         "done",
         f"wait_nodes {b.nodes}",
@@ -189,10 +224,12 @@ def wait_for(nodes: int, timeout: float, address: str | None) -> int:
         time.sleep(min(2.0, max(deadline - time.monotonic(), 0)))
 
 
-def plan_bring_up(args: argparse.Namespace) -> BringUp:
-    """Compile the recipe (as `engine run` will) for its device count and pinned environment."""
+def plan_bring_up(args: argparse.Namespace, check_paths: bool = False) -> BringUp:
+    """Compile the recipe (as `engine run` will) for its device count and pinned environment; with
+    `check_paths` (launch) refuse it as `engine run` would, before a single Ray process starts."""
     from engine import preflight
     from engine.recipes import loader, plan
+    from engine.run import launcher
 
     if args.port is not None and not 0 < args.port < 65536:
         raise UserError(f"--port {args.port}: give a TCP port (1-65535), or leave it out")
@@ -201,8 +238,11 @@ def plan_bring_up(args: argparse.Namespace) -> BringUp:
         if key.strip() == "cluster.nodes" and value.strip() != str(args.nodes):
             raise UserError(f"--set {item} contradicts --nodes {args.nodes}: give the node count once")
     sets = [*args.sets, f"cluster.nodes={args.nodes}"]
-    compiled = plan.compile_recipe(loader.load(args.recipe, device=args.device, sets=sets))
-    preflight.require_ok(compiled)  # the job would otherwise fail on the cluster, its reason in a log
+    if check_paths:  # model and data paths, rollout environment: minutes before verl would find out
+        compiled = launcher.checked_plan(args.recipe, args.device, sets, args.out)
+    else:
+        compiled = plan.compile_recipe(loader.load(args.recipe, device=args.device, sets=sets))
+        preflight.require_ok(compiled)  # the job would otherwise fail on the cluster, its reason in a log
     env = {k: os.environ[k] for k in PASSTHROUGH if k in os.environ} | dict(compiled.env)
     driver = [args.python, "-m", "engine", "run", args.recipe, "--device", compiled.recipe.cluster.device]
     for item in sets:
@@ -225,7 +265,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="action", required=True)
     for name, text in (("script", "print the bring-up script"), ("launch", "write it to OUT and run it")):
         cmd = sub.add_parser(name, help=text)
-        add_recipe_args(cmd, devices=("gpu", "npu"), device_required=True)
+        add_recipe_args(cmd, device_required=True)
         cmd.add_argument("--nodes", type=int, required=True)
         cmd.add_argument("--cpus-per-node", type=int, required=True)
         cmd.add_argument("--port", type=int, help="Ray head port (default: 6379 + job id %% 1000)")
@@ -247,7 +287,7 @@ def cli_main(argv: list[str]) -> int:
         from engine.run.launcher import reusable_run_dir
 
         args.out = fsutil.check_out_dir(args.out, reuse=reusable_run_dir(Path(args.recipe).stem))
-    script = render(plan_bring_up(args))
+    script = render(plan_bring_up(args, check_paths=args.action == "launch"))
     if args.action == "script":
         print(script, end="")
         return 0

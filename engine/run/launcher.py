@@ -1,10 +1,12 @@
 """`python -m engine run`: launch verl's own `main_ppo` from a compiled recipe and watch it.
 
 verl is only ever a subprocess here (this module imports neither torch nor verl), so a run is exactly
-the command `render --format script` prints, plus the run directory's environment. Progress comes from
-verl's `file` logger (one JSON line per step, unbuffered), not from scraping the console; the console
-goes to DIR/train.log. A run succeeds only if verl exits 0 *and* this launch logged training steps up
-to the recipe's target — verl also exits 0 after resuming a finished checkpoint without training.
+the command `render --format script` prints, plus the run directory's environment and the file
+logger's path. Progress comes from verl's `file` logger (one JSON line per step, unbuffered), not from
+scraping the console; the console goes to DIR/train.log. A run succeeds only if verl exits 0 *and*
+this launch logged training steps up to the recipe's target — verl also exits 0 after resuming a
+finished checkpoint without training — and a launch whose checkpoint moved on while it logged no step
+fails with that cause: its metrics went elsewhere.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from rich.console import Console
 
 from engine import fsutil, procs
 from engine.checkpoint import layout
-from engine.errors import ArgumentParser, UserError
+from engine.errors import FAILED, ArgumentParser, UserError
 from engine.hashing import sha256_file
 from engine.recipes.args import add_recipe_args
+from engine.recipes.hydra import Override
 from engine.recipes.models import TINY_MODELS
 from engine.run import devices, gates, rundir
 from engine.run.redact import redact_env, scrub, secret_values
@@ -113,6 +116,27 @@ def _ensure_tiny_assets(r: Any) -> None:
     if done.returncode != 0 or not model_path.exists():
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise UserError(f"model.path {model_path}: building tiny assets failed ({tail[0]})")
+
+
+def checked_plan(ref: str, device: str | None, sets: list[str], out: Path) -> Any:
+    """The plan of a launch, refused before anything starts (verl here, Ray in `engine cluster`): the
+    plan checks plus the paths and the rollout environment (imports and pins: the run tells)."""
+    from engine import preflight
+
+    p = build_plan(ref, device, sets, out)
+    preflight.require_ok(p, paths=True, rollout_env=True)
+    return p
+
+
+# verl's TaskRunner writes the metrics from a Ray worker. A local Ray inherits the driver's environment;
+# workers of a cluster started by `ray start` (N nodes) do not, so the path also goes into the job's
+# runtime env, which Ray applies to every worker of the job on every node.
+LOGGER_PATH_IN_RAY = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH"
+
+
+def verl_command(p: Any, metrics: Path) -> list[str]:
+    """The plan's verl command with the file logger's path for every Ray worker."""
+    return [*p.command, Override(LOGGER_PATH_IN_RAY, str(metrics), "+").text]
 
 
 def launch_env(p: Any, out: Path, metrics: Path | None = None) -> dict[str, str]:
@@ -219,6 +243,19 @@ def outcome(code: int, rows: list[dict[str, Any]], total: int | None, saved: int
     return (code if code != 0 else (0 if done else 1)), trained
 
 
+def lost_metrics(rows: list[dict[str, Any]], saved: int, saved_before: int, staged: RunDir) -> str | None:
+    """Why a launch that trained logged nothing: verl saved a later checkpoint than the launch found,
+    yet no step reached the metrics file (None when there is no such loss)."""
+    if rows or saved <= saved_before:
+        return None
+    problem = staged.metrics_problem() or "holds no step row"
+    return (
+        f"verl trained to step {saved} (checkpoint; step {saved_before} before this launch) but this "
+        f"launch's {rundir.METRICS} {problem}: verl's file logger writes to the VERL_FILE_LOGGER_PATH of its "
+        "TaskRunner's Ray worker, which did not get it (a Ray cluster started without the job's runtime env?)"
+    )
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -266,15 +303,12 @@ def run_main(argv: list[str]) -> int:
         help="set by `engine rerun --allow-changed`: what of that record no longer verified (repeatable)",
     )
     args = parser.parse_args(argv)
-    from engine import preflight
     from engine.recipes import loader
     from engine.recipes import plan as plan_mod
 
     out = args.out or ROOT / "results" / "runs" / Path(args.recipe).stem
     out = fsutil.check_out_dir(out, reuse=reusable_run_dir(Path(args.recipe).stem)).resolve()
-    p = build_plan(args.recipe, args.device, args.sets, out)
-    # the plan checks plus the paths (not imports or pins: the run itself will tell about those)
-    preflight.require_ok(p, paths=True, rollout_env=True)
+    p = checked_plan(args.recipe, args.device, args.sets, out)
     total = p.recipe.trainer.total_training_steps
     r = p.recipe
     broken = {mutations.ENV: args.control} if args.control else {}
@@ -290,6 +324,8 @@ def run_main(argv: list[str]) -> int:
     _write_scrubbed(staged.overrides, plan_mod.render(p, "overrides"))
     _write_scrubbed(staged.recipe, loader.to_yaml(p.recipe))
     console.print(f"[bold]{r.name}[/bold] on {r.cluster.device} x{p.world_size}: log {log} (live)")
+    checkpoints = Path(p.value("trainer.default_local_dir"))
+    saved_before = layout.saved_step(checkpoints)
     started, t0 = _now(), time.monotonic()
     try:
         sample = (
@@ -297,7 +333,8 @@ def run_main(argv: list[str]) -> int:
         )
         with terminate_as_interrupt(), sample:
             for attempt in range(1, RAY_START_ATTEMPTS + 1):
-                code = execute(p.command, launch_env(p, out, metrics) | broken, log, metrics, total)
+                env = launch_env(p, out, metrics) | broken
+                code = execute(verl_command(p, metrics), env, log, metrics, total)
                 if attempt == RAY_START_ATTEMPTS or code == 0 or not _ray_start_timed_out(log):
                     break
                 console.print("Ray's node did not come up within its fixed 30 s (overloaded?); retrying")
@@ -306,8 +343,11 @@ def run_main(argv: list[str]) -> int:
         raise
     rows = read_metrics(metrics)
     last = max((int(row["step"]) for row in rows), default=0)
-    saved = layout.saved_step(Path(p.value("trainer.default_local_dir")))
+    saved = layout.saved_step(checkpoints)
     result, trained = outcome(code, rows, total, saved)
+    lost = lost_metrics(rows, saved, saved_before, staged)
+    if lost and result == 0:
+        result = FAILED
     checks = gates.evaluate(rows, r.cluster.device, r.name, moe=p.model.moe)
     if result == 0 and gates.failed(checks):
         result = gates.EXIT_GATE_FAILED
@@ -318,11 +358,12 @@ def run_main(argv: list[str]) -> int:
         control["caught"] = gates.caught(checks, args.control)
         if result in (0, gates.EXIT_GATE_FAILED):  # it trained: the control's verdict is the exit code
             result = 0 if control["caught"] else gates.EXIT_GATE_FAILED
+    command = verl_command(p, RunDir(out).metrics)  # as run, with the path the metrics are published at
     record = {
         "recipe": r.name,
         "device": r.cluster.device,
-        "command": p.command,
-        "command_line": shlex.join(p.command),
+        "command": command,
+        "command_line": shlex.join(command),
         "sets": args.sets,  # recipe changes made at launch (e.g. fsdp2 in place of fsdp_turbo), visible
         "env": redact_env(dict(p.env) | {"VERL_FILE_LOGGER_PATH": str(RunDir(out).metrics)}),
         "fault": fault,  # the loop was broken on purpose (engine.runtime.mutations): not a healthy run
@@ -342,14 +383,18 @@ def run_main(argv: list[str]) -> int:
         of = args.rerun_of.resolve()
         digest = sha256_file(of) if of.is_file() else None  # moved meanwhile: the attempt is still recorded
         record["rerun"] = {"record": str(of), "sha256": digest, "changed": args.rerun_changed}
+    if lost:
+        record["error"] = lost
     _write_scrubbed(staged.record, json.dumps(record, indent=2) + "\n")
-    where = publish_attempt(stage, out, bool(rows))
+    where = publish_attempt(stage, out, bool(rows) or saved > saved_before)
     if where != out:
         console.print(
             f"this attempt trained no step: the earlier run's files in {out} are kept; its own are in {where}"
         )
     for check, line in zip(checks, gates.summary_lines(checks), strict=True):
         console.print(line, style={"pass": "green", "fail": "red"}.get(check.status, "dim"), markup=False)
+    if lost:  # whatever verl's exit code: the cause of the missing steps
+        errors.print(f"error: {lost}", style="red", markup=False)
     if code != 0:
         tail = RunDir(where).log.read_text(errors="replace").splitlines()[-25:]
         console.print("\n".join(tail), markup=False, style="dim")
@@ -362,11 +407,13 @@ def run_main(argv: list[str]) -> int:
         names = ", ".join(check.name for check in gates.failed(checks))
         console.print(f"trained, but the gate(s) {names} failed; see {RunDir(where).record}", style="red")
     elif result != 0:
-        console.print(
-            f"verl exited 0 but this launch logged {len(rows)} step(s), last step {last} of {total}, and the "
-            f"latest checkpoint is step {saved}: the remaining steps were not trained (cf. verl #7401)",
-            style="red",
-        )
+        if not lost:  # else its cause is printed above
+            console.print(
+                f"verl exited 0 but this launch logged {len(rows)} step(s), last step {last} of {total}, "
+                f"and the latest checkpoint is step {saved}: the remaining steps were not trained "
+                "(cf. verl #7401)",
+                style="red",
+            )
     elif not trained:
         console.print(f"already trained: the checkpoint holds step {saved} of {total}; nothing left to do")
     else:

@@ -120,6 +120,16 @@ class RunDir:
     def read_metrics(self) -> list[dict[str, Any]]:
         return read_metrics(self.metrics)
 
+    def metrics_problem(self) -> str | None:
+        """Why the metrics file holds no step ("is missing", "is empty", ...); None when it holds one."""
+        if not self.metrics.is_file():
+            return "is missing"
+        if self.metrics.stat().st_size == 0:
+            return "is empty"
+        if not self.read_metrics():
+            return "holds no step row"
+        return None
+
     def saved_step(self) -> int:
         """The step of the run's latest finished checkpoint, 0 when there is none."""
         return layout.saved_step(self.checkpoints)

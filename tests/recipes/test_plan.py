@@ -237,3 +237,18 @@ def test_every_recipe_field_is_described() -> None:
 
     walk(Recipe, "")
     assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("recipe", "device"), [("tiny_cpu", "cpu"), ("smoke_qwen35_0p8b_h200", "gpu"), ("qwen35_35b_h200", "gpu")]
+)
+def test_ray_init_sizes_only_the_local_ray_of_one_node(recipe: str, device: str) -> None:
+    """On one node verl starts Ray itself, sized by ray_init; on N nodes it joins the cluster of `engine
+    cluster`, and Ray refuses num_cpus/num_gpus there ("When connecting to an existing cluster")."""
+    one = parsed(plan.compile_recipe(loader.load(recipe, device)).overrides)
+    assert "ray_kwargs.ray_init.num_cpus" in one
+    assert ("ray_kwargs.ray_init.num_gpus" in one) == (device == "cpu")  # CPU ranks: logical GPU slots
+    two = parsed(plan.compile_recipe(loader.load(recipe, device, ["cluster.nodes=2"])).overrides)
+    assert not [key for key in two if key.startswith(plan.LOCAL_RAY_INIT)], two
+    assert two["ray_kwargs.ray_init.include_dashboard"] is False  # the rest of ray_init stays
+    assert two["trainer.nnodes"] == 2

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -52,14 +53,69 @@ def test_script_starts_head_and_workers_with_env(device: str, resource: str) -> 
     assert driver.split()[1:4] == ["-m", "engine", "run"] and f"--device {device}" in driver
     assert "--set cluster.nodes=5" in driver and "--set trainer.total_epochs=1" in driver
     assert lines.index("trap cleanup EXIT") < first_start
+    # one auth mode for head, workers and clients, set before the first `ray start`
+    auth = lines.index('export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"')
+    assert auth < first_start and any("export RAY_AUTH_TOKEN" in line for line in lines[auth:first_start])
+    timeout = 'export RAY_agent_register_timeout_ms="${RAY_agent_register_timeout_ms:-300000}"'
+    assert timeout in lines[:first_start]
+
+
+def test_multi_node_plan_leaves_ray_init_sizes_to_ray_start() -> None:
+    """verl joins the cluster through RAY_ADDRESS, where Ray refuses ray_init's num_cpus/num_gpus; CPU
+    ranks are logical GPU slots of `ray start` instead."""
+    text = _script("tiny_cpu", "cpu")
+    assert "ray_init" not in text
+    starts = [line for line in text.splitlines() if "ray.scripts.scripts start" in line]
+    assert all("--num-cpus=24 --num-gpus=1" in line for line in starts) and len(starts) == 2
+
+
+def test_ray_start_that_timed_out_is_started_again_and_a_signal_ends_it(tmp_path: Path) -> None:
+    """The wrapper of each node's `ray start`: exit 1 (Ray's fixed 30 s for a node to come up ran out
+    on a loaded host) starts it again, twice at most; another code is final; SIGTERM stops the child."""
+    tries = tmp_path / "tries"
+    flaky = f'n=$(cat {tries} 2>/dev/null || echo 0); echo $((n + 1)) > {tries}; [ "$n" -ge 2 ]'
+    wrapper = ["bash", "-c", cluster.RESTART_WRAPPER, "ray-node", "bash", "-c"]
+    done = subprocess.run([*wrapper, flaky], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and tries.read_text() == "3\n", done.stderr
+    assert done.stderr.count("starting it again") == 2
+    tries.unlink()
+    assert subprocess.run([*wrapper, flaky.replace("-ge 2 ]", "-ge 5 ]")], timeout=60).returncode == 1
+    assert tries.read_text() == "3\n"  # three starts in all
+    assert subprocess.run([*wrapper, "exit 2"], timeout=60).returncode == 2  # not retried
+    child = tmp_path / "child.pid"
+    node = subprocess.Popen([*wrapper, f"echo $$ > {child}; exec sleep 60"])
+    deadline = time.monotonic() + 30
+    while not child.exists() or not child.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    node.terminate()
+    assert node.wait(timeout=30) == 143
+    assert not Path(f"/proc/{child.read_text().strip()}").exists()
+
+
+def test_launch_checks_paths_before_any_ray_process(tmp_path: Path) -> None:
+    """A missing data file stops `cluster launch` where it runs (exit 2, one line), before the bring-up
+    script is written or Slurm is asked for anything."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen3_5"}')
+    out, missing = tmp_path / "run", tmp_path / "nowhere.parquet"
+    argv = ["launch", "tiny_cpu", "--device", "cpu", "--nodes", "2", "--cpus-per-node", "2"]
+    argv += ["--out", str(out), "--set", f"model.path={model}", "--set", f"data.train_files={missing}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine", "cluster", *argv], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: preflight:") and f"{missing}: file not found" in proc.stderr
+    assert not (out / "ray_cluster.sh").exists()
 
 
 def test_fixed_port_and_bad_input() -> None:
     assert "port=7100" in _script("qwen35_27b", "gpu", port="7100").splitlines()
     with pytest.raises(UserError, match="needs 2 or more nodes"):
         cluster.BringUp(nodes=1, device="gpu", devices_per_node=8, cpus_per_node=8, driver=["true"])
-    with pytest.raises(UserError, match="need gpu or npu"):
-        cluster.BringUp(nodes=2, device="cpu", devices_per_node=1, cpus_per_node=8, driver=["true"])
+    with pytest.raises(UserError, match="need gpu, npu or cpu"):
+        cluster.BringUp(nodes=2, device="tpu", devices_per_node=1, cpus_per_node=8, driver=["true"])
     argv = ["script", "nope", "--device", "gpu", "--nodes", "2", "--cpus-per-node", "8", "--out", "x"]
     proc = subprocess.run(
         [sys.executable, "-m", "engine", "cluster", *argv],
@@ -96,7 +152,8 @@ def _fake_slurm(bin_dir: Path, calls: Path) -> None:
 
 @pytest.mark.slow
 def test_two_node_ray_cluster_comes_up_and_env_reaches_both_nodes(tmp_path: Path) -> None:
-    """Real Ray: head + 1 worker started through the generated srun lines; a task on each node sees
+    """Real Ray: head + 1 worker started through the generated srun lines, on a host where Ray ran before
+    (~/.ray/auth_token exists: Ray would turn tokens on for the head only); a task on each node sees
     the exported environment; every Ray process is gone after the driver exits."""
     calls = tmp_path / "srun.calls"
     _fake_slurm(tmp_path / "bin", calls)
@@ -121,6 +178,8 @@ def test_two_node_ray_cluster_comes_up_and_env_reaches_both_nodes(tmp_path: Path
         port=_free_port(),
         join_timeout_s=90,
     )
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("0123456789abcdef" * 4)
     ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
     script = tmp_path / "ray_cluster.sh"
     script.write_text(cluster.render(bring_up))

@@ -70,6 +70,38 @@ def test_outcome_never_reports_success_without_training() -> None:
     assert launcher.outcome(0, [], 2, saved=1) == (1, False)  # resumed at step 1, exited 0, trained nothing
 
 
+def test_metrics_lost_by_a_launch_that_trained_are_an_error(tmp_path: Path) -> None:
+    """verl saved a later checkpoint but no step reached the metrics file: the launch failed, with the
+    cause (a 2-node run once exited 0 as "already trained" with its metrics in another directory)."""
+    run = rundir.RunDir(tmp_path)
+    lost = launcher.lost_metrics([], saved=2, saved_before=0, staged=run)
+    assert lost is not None and "metrics.jsonl is missing" in lost and "trained to step 2" in lost
+    run.metrics.write_text("")
+    assert "metrics.jsonl is empty" in (launcher.lost_metrics([], 2, 0, run) or "")
+    rows = [{"step": 1, "data": {}}, {"step": 2, "data": {}}]
+    assert launcher.lost_metrics(rows, 2, 0, run) is None  # logged what it trained
+    assert launcher.lost_metrics([], 2, 2, run) is None  # an earlier attempt's finished checkpoint
+    assert launcher.outcome(0, [], 2, saved=2) == (0, False)  # which alone still counts as done
+
+
+def test_file_logger_path_reaches_every_ray_worker_through_the_runtime_env(tmp_path: Path) -> None:
+    """verl's TaskRunner (which writes the metrics) runs in a Ray worker; on a cluster of `ray start`
+    it does not inherit the driver's environment, so the path goes into Ray's job runtime env."""
+    verl = pytest.importorskip("verl")
+    from hydra import compose, initialize_config_dir
+
+    sets = ["cluster.nodes=2", f"model.path={model_dir(tmp_path)}"]
+    p = launcher.build_plan("tiny_cpu", "cpu", sets, tmp_path)
+    metrics = tmp_path / ".attempt.x" / "metrics.jsonl"
+    command = launcher.verl_command(p, metrics)
+    assert command[: len(p.command)] == p.command
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=command[3:])
+    assert str(metrics) == cfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH
+    assert cfg.ray_kwargs.ray_init.num_cpus is None and "num_gpus" not in cfg.ray_kwargs.ray_init
+
+
 def test_read_metrics_skips_a_partial_line(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     path.write_text(json.dumps({"step": 1, "data": {"actor/grad_norm": 1.5}}) + '\n{"step": 2, "da')
