@@ -22,7 +22,6 @@ from rich.table import Table
 from engine import bounds, fsutil, procs
 from engine.errors import entry
 from engine.run.launcher import (
-    ROOT,
     _write_scrubbed,
     build_plan,
     console,
@@ -43,7 +42,6 @@ def measure(
         proc = subprocess.Popen(
             command,
             env=env,
-            cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its tree is measured alone; it dies with this process (engine.procs)
@@ -102,7 +100,7 @@ def bench_main(argv: list[str]) -> int:
     parser.add_argument("--max-gib", type=target, default=5.0, help="target peak memory (PSS, GiB)")
     parser.add_argument("--max-overhead", type=target, default=1.10, help="target engine/bare wall ratio")
     args = parser.parse_args(argv)
-    out = args.out or ROOT / "results" / "bench" / Path(args.recipe).stem
+    out = args.out or Path("results") / "bench" / Path(args.recipe).stem  # under the working directory
     out = fsutil.check_out_dir(out, reuse=_bench_dir).resolve()
     bare_out = out / "bare"
     p = build_plan(args.recipe, args.device, args.sets, bare_out)

@@ -286,7 +286,10 @@ CLUSTER_CASES = [
     Case("script-preflight", [*SCRIPT[:4], "--nodes", "3", *SCRIPT[6:]], 2, "not divisible"),
     Case("script-one-node", [*SCRIPT[:4], "--nodes", "1", *SCRIPT[6:]], 2, "2 or more nodes"),
     Case(
-        "script-device", ["script", "qwen35_35b", "--device", "cpu", *SCRIPT[4:]], 2, "invalid choice: 'cpu'"
+        "script-device",
+        ["script", "qwen35_35b", "--device", "cpu", *SCRIPT[4:]],
+        2,
+        "supports devices gpu, npu",
     ),
     Case("script-port", [*SCRIPT, "--port", "70000"], 2, "--port 70000"),
     Case("script-cpus", [*SCRIPT[:6], "--cpus-per-node", "0", *SCRIPT[8:]], 2, "must be positive"),

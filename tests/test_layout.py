@@ -3,10 +3,12 @@ record paths free of torch, verl and Ray (they run on login nodes and in CI with
 
 from __future__ import annotations
 
+import ast
 import pkgutil
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +55,65 @@ def test_the_wheel_declares_every_engine_package_and_nothing_else() -> None:
     assert all(name.split(".")[0] == "engine" for name in declared), (
         declared
     )  # benchmarks, containers stay out
+
+
+# The flow, first to last: a package imports only the packages before it (and the shared utilities);
+# `engine.cli` and the names verl loads (verl_ext, kernels, rewards) sit on top and may import any.
+FLOW = ["env", "recipes", "data", "preflight", "checkpoint", "runtime", "run", "records"]
+UTILITIES = {"errors", "fsutil", "paths", "hashing", "bounds", "procs"}
+TOP = {"cli", "verl_ext", "kernels", "rewards", "__main__", "__init__"}
+
+
+def _engine_imports(path: Path) -> set[str]:
+    """Every engine module a file imports, also inside functions (a lazy import still ties them)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "engine":
+            base = node.module
+            found |= {f"{base}.{a.name}" if base == "engine" else base for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "engine"}
+    return found
+
+
+def _module(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def test_imports_follow_the_flow_and_form_no_circle() -> None:
+    graph = {_module(p): _engine_imports(p) for p in (ROOT / "engine").rglob("*.py")}
+    backwards = []
+    for module, imports in sorted(graph.items()):
+        parts = module.split(".")
+        if len(parts) < 3 or parts[1] not in FLOW:
+            assert len(parts) < 3 or parts[1] in TOP, module
+            continue
+        for target in sorted(imports):
+            tparts = target.split(".")
+            if len(tparts) < 2 or tparts[1] in UTILITIES or tparts[1] == parts[1]:
+                continue
+            if tparts[1] not in FLOW or FLOW.index(tparts[1]) > FLOW.index(parts[1]):
+                backwards.append(f"{module} -> {target}")
+    assert not backwards, f"imports against the flow {FLOW}: {backwards}"
+
+    modules = set(graph)
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges = {m: {t for t in map(resolve, graph[m]) if t and t != m and t != "engine"} for m in modules}
+    seen: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        seen[node] = 1
+        for nxt in sorted(edges[node]):
+            assert seen.get(nxt) != 1, f"import circle: {' -> '.join([*path, node, nxt])}"
+            if nxt not in seen:
+                visit(nxt, [*path, node])
+        seen[node] = 2
+
+    for module in sorted(modules):
+        if module not in seen:
+            visit(module, [])

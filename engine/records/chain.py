@@ -18,6 +18,7 @@ from engine.checkpoint import layout
 from engine.checkpoint.layout import ExportDir
 from engine.data import prepare
 from engine.errors import UserError
+from engine.run.record import RunRecord
 from engine.run.rundir import RunDir
 
 ENGINE = "python -m engine"
@@ -120,7 +121,7 @@ def check_written_as(
 
 
 def steps(
-    run_dir: Path, exports: list[Path], snakefile: Path, run: dict[str, Any], model_config: list[Path]
+    run_dir: Path, exports: list[Path], snakefile: Path, run: RunRecord, model_config: list[Path]
 ) -> tuple[list[tuple[Path, str]], list[dict[str, Any]]]:
     """(files to hash with their roles, the steps with object/result as Paths), prepare_data to export.
 
@@ -134,7 +135,7 @@ def steps(
     data = [chain.data / name for name in sorted(manifest.get("files", {}))] + [manifest_path]
     smoke_dir = chain.smoke
     smoke_run = _need(smoke_dir.record, "smoke step")
-    smoke = json.loads(smoke_run.read_text())
+    smoke = RunRecord.read(smoke_run, "smoke step's run record")
     smoke_files = [p for p in (smoke_run, smoke_dir.metrics) if p.is_file()]
     train_data = [p for p in data if p.suffix == ".parquet"]
     found = [
@@ -150,20 +151,20 @@ def steps(
         {
             "name": "smoke",
             "command": f"{ENGINE} run",
-            "description": f"`{ENGINE} run` smoke gate of recipe {smoke.get('recipe')}: "
-            f"{smoke.get('steps_done')} step(s), status {smoke.get('status')}",
-            "start": smoke.get("start"),
-            "end": smoke.get("end"),
-            "exit_code": smoke.get("exit_code"),
+            "description": f"`{ENGINE} run` smoke gate of recipe {smoke.recipe}: "
+            f"{smoke.steps_done} step(s), status {smoke.status}",
+            "start": smoke.start,
+            "end": smoke.end,
+            "exit_code": smoke.exit_code,
             "object": train_data + model_config,
             "result": smoke_files,
         },
         {
             "name": "train",
             "command": f"{ENGINE} run",
-            "start": run.get("start"),
-            "end": run.get("end"),
-            "exit_code": run.get("exit_code"),
+            "start": run.start,
+            "end": run.end,
+            "exit_code": run.exit_code,
             "object": train_data + model_config + [RunDir(run_dir).recipe],
             "result": checkpoint_files(run_dir),
         },

@@ -25,6 +25,7 @@ from engine.recipes.plan import overrides_digest
 from engine.records import chain, origin
 from engine.records.rocrate import ro_crate
 from engine.run import rundir
+from engine.run.record import RunRecord
 from engine.run.redact import redact_env, scrub, scrub_obj
 from engine.run.rundir import RunDir
 
@@ -76,7 +77,7 @@ def build_record(
     """Everything the record says about one run directory (`snakefile`: it ran in the Snakemake chain)."""
     fix = "the run directory must hold what `python -m engine run` wrote there"
     files = RunDir(run_dir)
-    run = fsutil.read_json(files.record, "run record", fix)
+    run = RunRecord.read(files.record)
     recipe_file = files.recipe
     resolved = fsutil.read_yaml(recipe_file, "resolved recipe", fix) if recipe_file.is_file() else {}
     if not isinstance(resolved, dict):
@@ -117,23 +118,24 @@ def build_record(
         "run_dir": ".",
         "git": origin.git_info(repo),
         "recipe": {
-            "name": resolved.get("name") or run.get("recipe"),
+            "name": resolved.get("name") or run.recipe,
             "file": rundir.RECIPE,
             "resolved": resolved,
-            "device": run.get("device"),
+            "device": run.device,
         },
         "overrides": overrides,
         "overrides_sha256": overrides_digest(overrides),
-        "command": run.get("command", []),
-        "start": run.get("start"),
-        "end": run.get("end"),
-        "exit_code": run.get("exit_code"),
-        "status": run.get("status"),
-        "rerun": run.get("rerun"),  # the record an `engine rerun` repeated, and what of it had changed
+        "command": run.command,
+        "start": run.start,
+        "end": run.end,
+        "exit_code": run.exit_code,
+        "status": run.status,
+        # the record an `engine rerun` repeated, and what of it had changed
+        "rerun": run.rerun.model_dump() if run.rerun else None,
         "container": origin.container_info(),
-        "versions": origin.versions(run.get("device")),
+        "versions": origin.versions(run.device),
         "hardware": origin.hardware(),
-        "environment": redact_env(os.environ) | redact_env(run.get("env", {})),
+        "environment": redact_env(os.environ) | redact_env(run.env),
         "snakemake": snakemake,
         "python": sys.version.split()[0],
         "agent": origin.agent(repo),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shlex
 import signal
@@ -28,20 +27,20 @@ from typing import Any
 
 from rich.console import Console
 
-from engine import fsutil, procs
+from engine import fsutil, paths, procs
 from engine.checkpoint import layout
-from engine.errors import FAILED, ArgumentParser, UserError
+from engine.errors import ArgumentParser, UserError
 from engine.hashing import sha256_file
 from engine.recipes.args import add_recipe_args
 from engine.recipes.hydra import Override
 from engine.recipes.models import TINY_MODELS
-from engine.run import devices, gates, rundir
-from engine.run.redact import redact_env, scrub, secret_values
+from engine.run import devices, gates, rundir, watch
+from engine.run.record import EARLIER_ATTEMPT, Gate, Rerun, RunRecord, Verdict, judge
+from engine.run.redact import redact_env, scrub
 from engine.run.rundir import RunDir, read_metrics
 from engine.runtime import mutations
 
-ROOT = Path(__file__).resolve().parents[2]
-console = Console(highlight=False, soft_wrap=True)
+console = watch.console
 errors = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -49,7 +48,9 @@ def run_parser(prog: str) -> argparse.ArgumentParser:
     """`RECIPE [--device] [--set ...] [--out DIR]`: what `run` (and the overhead benchmark) take."""
     parser = ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     add_recipe_args(parser)
-    parser.add_argument("--out", type=Path, help="run directory (default: results/runs/RECIPE)")
+    parser.add_argument(
+        "--out", type=Path, help="run directory (default: results/runs/RECIPE under the working directory)"
+    )
     parser.add_argument(
         "--control",
         choices=sorted(gates.CONTROLS),
@@ -72,9 +73,9 @@ def reusable_run_dir(recipe_name: str) -> Callable[[Path], str | None]:
         if not run.holds_run():
             return "it is not empty and holds no run (no run.json, launch.sh or checkpoints/)"
         if run.record.exists():
-            try:
-                earlier = json.loads(run.record.read_text()).get("recipe")
-            except (OSError, ValueError, AttributeError):
+            try:  # also a run.json of an engine before its schema: resuming reads only the recipe's name
+                earlier = RunRecord.read(run.record, unversioned=True).recipe
+            except UserError:
                 return "its run.json is unreadable, so it is not a run directory this command made"
             if earlier != recipe_name:
                 return f"it holds a run of recipe {earlier!r}, whose checkpoints this run would resume"
@@ -143,117 +144,9 @@ def launch_env(p: Any, out: Path, metrics: Path | None = None) -> dict[str, str]
     env = dict(os.environ) | dict(p.env)
     env["VERL_FILE_LOGGER_PATH"] = str(metrics or RunDir(out).metrics)
     env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(x for x in [str(ROOT), env.get("PYTHONPATH", "")] if x)
+    # verl's processes import the engine (its extension, rewards) from where this one comes
+    env["PYTHONPATH"] = os.pathsep.join(x for x in [str(paths.SOURCE_ROOT), env.get("PYTHONPATH", "")] if x)
     return env
-
-
-def progress_line(row: dict[str, Any], total: int | None) -> str:
-    data = row.get("data", {})
-
-    def fmt(key: str, spec: str = ".4g") -> str:
-        value = data.get(key)
-        return format(value, spec) if isinstance(value, int | float) else "-"
-
-    of = f"/{total}" if total else ""
-    return (
-        f"step {row['step']}{of}  reward {fmt('critic/score/mean', '.4f')}  pg_loss {fmt('actor/pg_loss')}  "
-        f"grad_norm {fmt('actor/grad_norm', '.4f')}  step {fmt('timing_s/step', '.1f')}s"
-    )
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
-def execute(command: list[str], env: dict[str, str], log_path: Path, metrics: Path, total: int | None) -> int:
-    """Run verl, tee everything to the log, print one line per logged step; returns the exit code.
-
-    verl runs in a session of its own (a Ctrl-C reaches the launcher, which stops the whole tree) that
-    ends with the launcher (engine.procs): a launcher killed outright takes verl and its Ray processes
-    with it, so no trainer goes on writing checkpoints that no attempt will publish."""
-    metrics.unlink(missing_ok=True)
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            command,
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=procs.dies_with_this_process(),
-            text=True,
-            errors="replace",
-        )
-        # verl and Ray echo parts of the environment (e.g. RAY_ADDRESS with userinfo): scrub each line.
-        secrets = secret_values(env)
-        tee = threading.Thread(target=_copy_scrubbed, args=(proc.stdout, log, secrets), daemon=True)
-        tee.start()
-        shown = 0
-        try:
-            with procs.session_reaper(proc):  # what is left of verl's session goes when this block ends
-                try:
-                    while True:
-                        finished = proc.poll() is not None
-                        rows = read_metrics(metrics)
-                        for row in rows[shown:]:
-                            console.print(progress_line(row, total))
-                        shown = max(shown, len(rows))
-                        if finished:
-                            break
-                        time.sleep(0.5)
-                except KeyboardInterrupt:
-                    _kill_tree(proc)
-                    raise
-        finally:
-            tee.join(timeout=30)
-    return proc.returncode
-
-
-def _copy_scrubbed(source: Any, log: Any, secrets: list[str]) -> None:
-    for line in source:
-        log.write(scrub(line, secrets=secrets))
-        log.flush()
-
-
-RAY_START_TIMEOUT = "The current node timed out during startup"
-RAY_START_ATTEMPTS = 3  # seen failing twice in a row on 2 cores at load average 20-28
-
-
-def _ray_start_timed_out(log_path: Path) -> bool:
-    """Ray gives its raylet a hard-coded 30 s to register; on a saturated host that can fail before
-    anything of the run has started, which is safe to retry."""
-    text = log_path.read_text(errors="replace")
-    return RAY_START_TIMEOUT in text and "step:" not in text
-
-
-def outcome(code: int, rows: list[dict[str, Any]], total: int | None, saved: int = 0) -> tuple[int, bool]:
-    """(exit code to return, whether this launch trained): verl's 0 counts only with steps up to target.
-
-    A checkpoint already at the target (an earlier attempt finished training but was stopped before it
-    could report) also counts: the steps were trained, and the checkpoint is what export reads.
-    """
-    last = max((int(row["step"]) for row in rows), default=0)
-    trained = bool(rows) and (total is None or last >= total)
-    done = trained or (total is not None and saved >= total)
-    return (code if code != 0 else (0 if done else 1)), trained
-
-
-def lost_metrics(rows: list[dict[str, Any]], saved: int, saved_before: int, staged: RunDir) -> str | None:
-    """Why a launch that trained logged nothing: verl saved a later checkpoint than the launch found,
-    yet no step reached the metrics file (None when there is no such loss)."""
-    if rows or saved <= saved_before:
-        return None
-    problem = staged.metrics_problem() or "holds no step row"
-    return (
-        f"verl trained to step {saved} (checkpoint; step {saved_before} before this launch) but this "
-        f"launch's {rundir.METRICS} {problem}: verl's file logger writes to the VERL_FILE_LOGGER_PATH of its "
-        "TaskRunner's Ray worker, which did not get it (a Ray cluster started without the job's runtime env?)"
-    )
 
 
 def _now() -> str:
@@ -293,6 +186,53 @@ def terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _rerun_of(args: argparse.Namespace) -> Rerun | None:
+    """`engine rerun`: the record this run repeats, and what of it did not verify."""
+    if not args.rerun_of:
+        return None
+    of = args.rerun_of.resolve()
+    digest = sha256_file(of) if of.is_file() else None  # moved meanwhile: the attempt is still recorded
+    return Rerun(record=str(of), sha256=digest, changed=args.rerun_changed)
+
+
+def _report(verdict: Verdict, record: RunRecord, out: Path, where: Path) -> None:
+    """The launch's closing lines: the gates, then why it failed or what it did."""
+    for check, line in zip(verdict.checks, gates.summary_lines(verdict.checks), strict=True):
+        console.print(line, style={"pass": "green", "fail": "red"}.get(check.status, "dim"), markup=False)
+    if verdict.gates_over == EARLIER_ATTEMPT:
+        console.print(f"the gates judged {EARLIER_ATTEMPT} ({rundir.METRICS} of {out})", style="dim")
+    control = verdict.control
+    if record.exit_code != 0:
+        tail = RunDir(where).log.read_text(errors="replace").splitlines()[-25:]
+        console.print("\n".join(tail), markup=False, style="dim")
+        console.print(f"verl exited with {record.exit_code}; full log: {RunDir(where).log}", style="red")
+    elif verdict.error:
+        errors.print(f"error: {verdict.error}", markup=False)
+    elif control is not None:
+        verdict_line = "caught it, as it must" if control.caught else "did NOT catch it"
+        style = "green" if control.caught else "red"
+        console.print(f"control {control.fault}: gate {control.must_fail} {verdict_line}", style=style)
+    elif verdict.code == gates.EXIT_GATE_FAILED:
+        names = ", ".join(check.name for check in gates.failed(verdict.checks))
+        console.print(f"trained, but the gate(s) {names} failed; see {RunDir(where).record}", style="red")
+    elif verdict.code != 0:
+        console.print(
+            f"verl exited 0 but this launch logged {record.steps_done} step(s), last step {record.last_step} "
+            f"of {record.target_steps}, and the latest checkpoint is step {record.checkpoint_step}: the "
+            "remaining steps were not trained (cf. verl #7401)",
+            style="red",
+        )
+    elif not verdict.trained:
+        console.print(
+            f"already trained: the checkpoint holds step {record.checkpoint_step} of {record.target_steps}; "
+            "nothing left to do"
+        )
+    else:
+        console.print(
+            f"done: {record.steps_done} step(s) in {record.wall_s:.0f} s; {RunDir(out).record}", style="green"
+        )
+
+
 def run_main(argv: list[str]) -> int:
     parser = run_parser("python -m engine run")
     parser.add_argument("--rerun-of", type=Path, help="set by `engine rerun`: the record this run repeats")
@@ -306,7 +246,7 @@ def run_main(argv: list[str]) -> int:
     from engine.recipes import loader
     from engine.recipes import plan as plan_mod
 
-    out = args.out or ROOT / "results" / "runs" / Path(args.recipe).stem
+    out = args.out or Path("results") / "runs" / Path(args.recipe).stem  # the working directory's
     out = fsutil.check_out_dir(out, reuse=reusable_run_dir(Path(args.recipe).stem)).resolve()
     p = checked_plan(args.recipe, args.device, args.sets, out)
     total = p.recipe.trainer.total_training_steps
@@ -316,6 +256,7 @@ def run_main(argv: list[str]) -> int:
         fault = args.control or mutations.selected()
     except ValueError as err:
         raise UserError(str(err)) from None
+    earlier = RunDir(out).read_metrics()  # the steps of the attempt whose files the run holds
     # Nothing of an earlier run is touched until this attempt is over: it writes into a stage.
     stage = fsutil.stage_in(out, prefix=".attempt.")
     staged = RunDir(stage)
@@ -332,92 +273,48 @@ def run_main(argv: list[str]) -> int:
             devices.sampling(staged.gpu_memory) if r.cluster.device == "gpu" else contextlib.nullcontext()
         )
         with terminate_as_interrupt(), sample:
-            for attempt in range(1, RAY_START_ATTEMPTS + 1):
+            for attempt in range(1, watch.RAY_START_ATTEMPTS + 1):
                 env = launch_env(p, out, metrics) | broken
-                code = execute(verl_command(p, metrics), env, log, metrics, total)
-                if attempt == RAY_START_ATTEMPTS or code == 0 or not _ray_start_timed_out(log):
+                code = watch.execute(verl_command(p, metrics), env, log, metrics, total)
+                if attempt == watch.RAY_START_ATTEMPTS or code == 0 or not watch.ray_start_timed_out(log):
                     break
                 console.print("Ray's node did not come up within its fixed 30 s (overloaded?); retrying")
     except BaseException:  # interrupted: keep what the attempt logged, by the same rule
         publish_attempt(stage, out, bool(read_metrics(metrics)))
         raise
     rows = read_metrics(metrics)
-    last = max((int(row["step"]) for row in rows), default=0)
     saved = layout.saved_step(checkpoints)
-    result, trained = outcome(code, rows, total, saved)
-    lost = lost_metrics(rows, saved, saved_before, staged)
-    if lost and result == 0:
-        result = FAILED
-    checks = gates.evaluate(rows, r.cluster.device, r.name, moe=p.model.moe)
-    if result == 0 and gates.failed(checks):
-        result = gates.EXIT_GATE_FAILED
-    status = "ok" if result == 0 else "failed"
-    control = None
-    if args.control:
-        control = {"fault": args.control, "must_fail": gates.CONTROLS[args.control]}
-        control["caught"] = gates.caught(checks, args.control)
-        if result in (0, gates.EXIT_GATE_FAILED):  # it trained: the control's verdict is the exit code
-            result = 0 if control["caught"] else gates.EXIT_GATE_FAILED
+    kind = (r.cluster.device, r.name, p.model.moe)
+    verdict = judge(code, rows, earlier, total, (saved_before, saved), staged.metrics_problem(), kind, fault)
     command = verl_command(p, RunDir(out).metrics)  # as run, with the path the metrics are published at
-    record = {
-        "recipe": r.name,
-        "device": r.cluster.device,
-        "command": command,
-        "command_line": shlex.join(command),
-        "sets": args.sets,  # recipe changes made at launch (e.g. fsdp2 in place of fsdp_turbo), visible
-        "env": redact_env(dict(p.env) | {"VERL_FILE_LOGGER_PATH": str(RunDir(out).metrics)}),
-        "fault": fault,  # the loop was broken on purpose (engine.runtime.mutations): not a healthy run
-        "control": control,
-        "start": started,
-        "end": _now(),
-        "wall_s": round(time.monotonic() - t0, 2),
-        "exit_code": code,
-        "steps_done": len(rows),
-        "last_step": max(last, saved),
-        "checkpoint_step": saved,
-        "target_steps": total,
-        "status": status,
-        "gates": [check.as_dict() for check in checks],
-    }
-    if args.rerun_of:  # `engine rerun`: the record it repeats, and what of it did not verify
-        of = args.rerun_of.resolve()
-        digest = sha256_file(of) if of.is_file() else None  # moved meanwhile: the attempt is still recorded
-        record["rerun"] = {"record": str(of), "sha256": digest, "changed": args.rerun_changed}
-    if lost:
-        record["error"] = lost
-    _write_scrubbed(staged.record, json.dumps(record, indent=2) + "\n")
+    record = RunRecord(
+        recipe=r.name,
+        device=r.cluster.device,
+        command=command,
+        command_line=shlex.join(command),
+        sets=args.sets,
+        env=redact_env(dict(p.env) | {"VERL_FILE_LOGGER_PATH": str(RunDir(out).metrics)}),
+        fault=fault,
+        control=verdict.control,
+        start=started,
+        end=_now(),
+        wall_s=round(time.monotonic() - t0, 2),
+        exit_code=code,
+        steps_done=len(rows),
+        last_step=max([saved, *(int(row["step"]) for row in rows)]),
+        checkpoint_step=saved,
+        target_steps=total,
+        status=verdict.status,
+        gates=[Gate(**check.as_dict()) for check in verdict.checks],
+        gates_over=verdict.gates_over,
+        rerun=_rerun_of(args),
+        error=verdict.error,
+    )
+    _write_scrubbed(staged.record, record.to_json())
     where = publish_attempt(stage, out, bool(rows) or saved > saved_before)
     if where != out:
         console.print(
             f"this attempt trained no step: the earlier run's files in {out} are kept; its own are in {where}"
         )
-    for check, line in zip(checks, gates.summary_lines(checks), strict=True):
-        console.print(line, style={"pass": "green", "fail": "red"}.get(check.status, "dim"), markup=False)
-    if lost:  # whatever verl's exit code: the cause of the missing steps
-        errors.print(f"error: {lost}", style="red", markup=False)
-    if code != 0:
-        tail = RunDir(where).log.read_text(errors="replace").splitlines()[-25:]
-        console.print("\n".join(tail), markup=False, style="dim")
-        console.print(f"verl exited with {code}; full log: {RunDir(where).log}", style="red")
-    elif control is not None:
-        verdict = "caught it, as it must" if control["caught"] else "did NOT catch it"
-        style = "green" if control["caught"] else "red"
-        console.print(f"control {control['fault']}: gate {control['must_fail']} {verdict}", style=style)
-    elif result == gates.EXIT_GATE_FAILED:
-        names = ", ".join(check.name for check in gates.failed(checks))
-        console.print(f"trained, but the gate(s) {names} failed; see {RunDir(where).record}", style="red")
-    elif result != 0:
-        if not lost:  # else its cause is printed above
-            console.print(
-                f"verl exited 0 but this launch logged {len(rows)} step(s), last step {last} of {total}, "
-                f"and the latest checkpoint is step {saved}: the remaining steps were not trained "
-                "(cf. verl #7401)",
-                style="red",
-            )
-    elif not trained:
-        console.print(f"already trained: the checkpoint holds step {saved} of {total}; nothing left to do")
-    else:
-        console.print(
-            f"done: {len(rows)} step(s) in {record['wall_s']:.0f} s; {RunDir(out).record}", style="green"
-        )
-    return result
+    _report(verdict, record, out, where)
+    return verdict.code

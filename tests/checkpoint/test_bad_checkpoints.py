@@ -297,12 +297,12 @@ def test_provenance_force_replaces_a_poorer_record(world: Path, tmp_path: Path) 
 def test_sigterm_stops_the_tree_like_ctrl_c(tmp_path: Path) -> None:
     """Slurm's time limit sends SIGTERM: the attempt must end through the same path as Ctrl-C."""
     code = (
-        "import os, sys; from pathlib import Path; from engine.run import launcher\n"
+        "import os, sys; from pathlib import Path; from engine.run import launcher, watch\n"
         "p = Path(sys.argv[1])\n"
         "try:\n"
         "    with launcher.terminate_as_interrupt():\n"
         "        child = [sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(60)']\n"
-        "        launcher.execute(child, dict(os.environ), p / 'train.log', p / 'm.jsonl', 1)\n"
+        "        watch.execute(child, dict(os.environ), p / 'train.log', p / 'm.jsonl', 1)\n"
         "except KeyboardInterrupt:\n"
         "    sys.exit(130)\n"
     )

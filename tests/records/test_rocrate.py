@@ -12,7 +12,7 @@ import pytest
 from engine.errors import UserError
 from engine.records import provenance, rocrate
 from tests.support.rocrate_validation import WORKFLOW_FILE_ID_CHECK, check_all, claimed, validate
-from tests.support.runs import fake_run
+from tests.support.runs import fake_run, run_record
 
 
 def _graph(run: Path) -> dict[str, dict]:
@@ -37,7 +37,7 @@ def fake_chain(root: Path) -> tuple[Path, Path, Path]:
     smoke = chain / "smoke"
     smoke.mkdir()
     times = {"start": "2025-01-01T00:00:00+00:00", "end": "2025-01-01T00:00:30+00:00"}
-    (smoke / "run.json").write_text(json.dumps(times | {"exit_code": 0, "status": "ok", "steps_done": 1}))
+    (smoke / "run.json").write_text(run_record(**times, steps_done=1, last_step=1, target_steps=1))
     export = chain / "export"
     export.mkdir()
     (export / "model.safetensors").write_bytes(b"weights")

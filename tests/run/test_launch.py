@@ -12,7 +12,8 @@ import pytest
 
 from benchmarks import overhead
 from engine.cli import main
-from engine.run import launcher, rundir
+from engine.errors import UserError
+from engine.run import gates, launcher, record, rundir, watch
 from tests.conftest import ROOT
 
 
@@ -58,30 +59,84 @@ def test_run_refuses_when_preflight_finds_problems(tmp_path: Path, capsys: pytes
     assert not (tmp_path / "run").exists()  # nothing was launched, nothing created
 
 
-def test_outcome_never_reports_success_without_training() -> None:
-    rows = [{"step": 1, "data": {}}, {"step": 2, "data": {}}]
-    assert launcher.outcome(0, rows, 2) == (0, True)
-    assert launcher.outcome(0, [], 2) == (1, False)  # verl exited 0 after resuming a finished run
-    assert launcher.outcome(0, rows[:1], 2) == (1, False)
-    assert launcher.outcome(3, rows, 2) == (3, True)  # verl's own failure code is passed through
-    assert launcher.outcome(0, rows[1:], 2) == (0, True)  # a resume that finished the remaining step
-    # an earlier attempt trained to the target and was stopped before reporting: the checkpoint says so
-    assert launcher.outcome(0, [], 2, saved=2) == (0, False)
-    assert launcher.outcome(0, [], 2, saved=1) == (1, False)  # resumed at step 1, exited 0, trained nothing
+KIND = ("cpu", "tiny_cpu", False)  # device, recipe, moe: what the gates are keyed by
+HEALTHY = {
+    gates.PROBS_DIFF_MAX: 0.0,
+    "actor/pg_loss": 0.1,
+    gates.GRAD_NORM: 1.0,
+    "actor/entropy": 1.0,
+    gates.REWARD: 0.1,
+    gates.ADV_MAX: 1.0,
+    gates.ADV_MIN: -1.0,
+}
+TWO = [{"step": s, "data": HEALTHY} for s in (1, 2)]
+
+
+def _code(code: int, rows: list, total: int, before: int = 0, after: int = 0, earlier: list = ()) -> int:
+    return record.judge(code, rows, list(earlier), total, (before, after), None, KIND).code
+
+
+def test_judge_never_reports_success_without_training() -> None:
+    assert _code(0, TWO, 2, after=2) == 0
+    assert _code(0, [], 2) == 1  # verl exited 0 after resuming a finished run, with nothing saved
+    assert _code(0, TWO[:1], 2, after=1) == 1
+    assert _code(3, TWO, 2, after=2) == 3  # verl's own failure code is passed through
+    assert _code(0, TWO[1:], 2, before=1, after=2) == 0  # a resume that finished the remaining step
+    assert _code(0, [], 2, before=1, after=1) == 1  # resumed at step 1, exited 0, trained nothing
+
+
+def test_an_already_trained_checkpoint_is_judged_by_the_attempt_that_trained_it() -> None:
+    """Rerunning a finished run trains nothing: its gates must still count (Snakemake removes a failed
+    job's run.json but not its metrics), and with no metrics left there is nothing to vouch for it."""
+    ok = record.judge(0, [], TWO, 2, (2, 2), None, KIND)
+    assert ok.code == 0 and not ok.trained and ok.gates_over == record.EARLIER_ATTEMPT
+    nan = [{"step": 1, "data": HEALTHY | {"actor/pg_loss": float("nan")}}]
+    failed = record.judge(0, [], nan, 2, (2, 2), None, KIND)
+    assert failed.code == gates.EXIT_GATE_FAILED and failed.status == "failed"
+    assert [c.name for c in gates.failed(failed.checks)] == ["finite_losses"]
+    blind = record.judge(0, [], [], 2, (2, 2), None, KIND)
+    assert blind.code == 1 and "nothing for the gates to judge" in (blind.error or "")
 
 
 def test_metrics_lost_by_a_launch_that_trained_are_an_error(tmp_path: Path) -> None:
     """verl saved a later checkpoint but no step reached the metrics file: the launch failed, with the
     cause (a 2-node run once exited 0 as "already trained" with its metrics in another directory)."""
     run = rundir.RunDir(tmp_path)
-    lost = launcher.lost_metrics([], saved=2, saved_before=0, staged=run)
-    assert lost is not None and "metrics.jsonl is missing" in lost and "trained to step 2" in lost
+    lost = record.judge(0, [], [], 2, (0, 2), run.metrics_problem(), KIND)
+    assert (
+        lost.code == 1
+        and "metrics.jsonl is missing" in (lost.error or "")
+        and "trained to step 2" in lost.error
+    )
     run.metrics.write_text("")
-    assert "metrics.jsonl is empty" in (launcher.lost_metrics([], 2, 0, run) or "")
-    rows = [{"step": 1, "data": {}}, {"step": 2, "data": {}}]
-    assert launcher.lost_metrics(rows, 2, 0, run) is None  # logged what it trained
-    assert launcher.lost_metrics([], 2, 2, run) is None  # an earlier attempt's finished checkpoint
-    assert launcher.outcome(0, [], 2, saved=2) == (0, False)  # which alone still counts as done
+    assert "metrics.jsonl is empty" in (
+        record.judge(0, [], [], 2, (0, 2), run.metrics_problem(), KIND).error or ""
+    )
+    assert record.judge(0, TWO, [], 2, (0, 2), None, KIND).error is None  # logged what it trained
+
+
+def test_run_record_refuses_older_and_foreign_files(tmp_path: Path) -> None:
+    good = record.RunRecord(
+        recipe="tiny_cpu", device="cpu", command=["verl"], command_line="verl", sets=[], env={}, start="s",
+        end="e", wall_s=1.0, exit_code=0, steps_done=2, last_step=2, checkpoint_step=2, target_steps=2,
+        status="ok", gates=[],
+    )  # fmt: skip
+    path = tmp_path / "run.json"
+    path.write_text(good.to_json())
+    assert json.loads(path.read_text())["schema"] == record.SCHEMA
+    assert record.RunRecord.read(path) == good
+    older = json.loads(path.read_text())
+    del older["schema"]
+    path.write_text(json.dumps(older))
+    with pytest.raises(UserError, match="written by an engine older than its schema"):
+        record.RunRecord.read(path)
+    assert record.RunRecord.read(path, unversioned=True) == good  # the records kept from before
+    path.write_text(json.dumps(older | {"schema": "someone-else/run/7"}))
+    with pytest.raises(UserError, match="schema 'someone-else/run/7' is not"):
+        record.RunRecord.read(path)
+    path.write_text(json.dumps(older | {"schema": record.SCHEMA, "steps_done": "two"}))
+    with pytest.raises(UserError, match="steps_done"):
+        record.RunRecord.read(path)
 
 
 def test_file_logger_path_reaches_every_ray_worker_through_the_runtime_env(tmp_path: Path) -> None:
@@ -107,7 +162,7 @@ def test_read_metrics_skips_a_partial_line(tmp_path: Path) -> None:
     path.write_text(json.dumps({"step": 1, "data": {"actor/grad_norm": 1.5}}) + '\n{"step": 2, "da')
     rows = rundir.read_metrics(path)
     assert [row["step"] for row in rows] == [1]
-    line = launcher.progress_line(rows[0], 2)
+    line = watch.progress_line(rows[0], 2)
     assert line.startswith("step 1/2") and "grad_norm 1.5000" in line and "reward -" in line
 
 
@@ -120,7 +175,7 @@ def test_execute_tees_output_and_passes_exit_code(tmp_path: Path) -> None:
         "sys.exit(7)\n"
     )
     env = dict(os.environ) | {"M": str(metrics)}
-    code = launcher.execute([sys.executable, "-c", script], env, tmp_path / "train.log", metrics, 1)
+    code = watch.execute([sys.executable, "-c", script], env, tmp_path / "train.log", metrics, 1)
     assert code == 7
     assert "hello from the trainer" in (tmp_path / "train.log").read_text()
 

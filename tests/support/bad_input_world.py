@@ -16,6 +16,7 @@ import pytest
 
 from engine import errors
 from tests.conftest import ROOT
+from tests.support.runs import run_record
 
 Main = Callable[[list[str]], int]
 
@@ -122,8 +123,7 @@ def build(root: Path) -> Path:
     (run / "launch.sh").write_text("#!/usr/bin/env bash\n")
     (run / "train.log").write_text("step:1\n")
     (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "data": {"actor/pg_loss": 0.5}}) + "\n")
-    run_json = {"recipe": "tiny_cpu", "device": "cpu", "command": ["python"], "exit_code": 0, "status": "ok"}
-    (run / "run.json").write_text(json.dumps(run_json))
+    (run / "run.json").write_text(run_record(command=["python"], command_line="python"))
     extra = root / "extra.parquet"
     extra.write_bytes(b"extra input")
     provenance.write(run, data=[extra])

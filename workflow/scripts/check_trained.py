@@ -7,11 +7,12 @@ step count verl announced, `Total training steps: N`, when the log has it). Exit
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
 
+from engine.errors import UserError
+from engine.run.record import RunRecord
 from engine.run.rundir import RunDir
 
 
@@ -22,8 +23,12 @@ def main(run_dir: str) -> int:
     if not saved:
         print(f"error: {run}/checkpoints has no finished checkpoint; set trainer.save_freq", file=sys.stderr)
         return 1
-    record = json.loads(files.record.read_text())
-    want = record.get("target_steps") or record.get("last_step")
+    try:
+        record = RunRecord.read(files.record)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    want = record.target_steps or record.last_step
     log = files.log
     text = log.read_text(errors="replace") if log.exists() else ""
     announced = re.findall(r"Total training steps: (\d+)", text)
