@@ -1,4 +1,4 @@
-"""`python -m engine`: a thin front over the rooms of the engine.
+"""`python -m engine`: compile, check, run, export and record GRPO recipes.
 
 The recipe commands (list/show/render/preflight) live here because they are the fast path; every
 other command is delegated to the module that owns it and imported only when asked for, so that

@@ -22,13 +22,22 @@ from engine.run.record import RunRecord
 from engine.run.rundir import RunDir
 
 ENGINE = "python -m engine"
+# Everything the workflow writes is under RESULTS (relative to where Snakemake runs): one chain per recipe,
+# the tiny assets the tiny recipes point at, and the random-init models of the rehearsal recipes.
+RESULTS = Path("results")
+ASSETS = RESULTS / "assets"
+MODELS = RESULTS / "models"
 
 
 @dataclass(frozen=True)
 class ChainDir:
-    """The paths of one recipe's chain; also a pattern for the rules: `ChainDir(Path("results/{recipe}"))`."""
+    """The paths of one recipe's chain; also a pattern for the rules: `ChainDir.of("{recipe}")`."""
 
     path: Path
+
+    @classmethod
+    def of(cls, recipe: str) -> ChainDir:
+        return cls(RESULTS / recipe)
 
     @property
     def data(self) -> Path:
@@ -44,15 +53,15 @@ class ChainDir:
 
     @property
     def smoke(self) -> RunDir:
-        return RunDir(self.path / "smoke")
+        return self.run("smoke")
 
     @property
     def train(self) -> RunDir:
-        return RunDir(self.path / "train")
+        return self.run("train")
 
     @property
     def control(self) -> RunDir:
-        return RunDir(self.path / "control")
+        return self.run("control")
 
     @property
     def export(self) -> ExportDir:
@@ -61,6 +70,10 @@ class ChainDir:
     @property
     def curves(self) -> Path:
         return self.path / "report" / "curves.png"
+
+    def run(self, kind: str) -> RunDir:
+        """The run directory of a launch kind: smoke, train or control."""
+        return RunDir(self.path / kind)
 
     def log(self, rule: str) -> Path:
         return self.path / "logs" / f"{rule}.log"

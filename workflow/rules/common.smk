@@ -15,7 +15,11 @@ from engine.data.random_model import RANDOM_MODELS
 from engine.errors import UserError
 from engine.recipes import loader as engine_recipe
 from engine.recipes import plan as engine_plan
+from engine.records.chain import ASSETS, MODELS, RESULTS, ChainDir
 from engine.run import rundir as engine_rundir
+
+# every path of a recipe's chain, as the rules' patterns (engine.records.chain names them once)
+CHAIN = ChainDir.of("{recipe}")
 
 try:
     RECIPES = dict(engine_recipe.list_recipes())
@@ -124,15 +128,15 @@ def nodes(device):
 
 
 def run_dir(name, kind):
-    return f"results/{name}/{kind}"
+    return str(ChainDir.of(name).run(kind).path)
 
 
 def base_sets(name, device):
     """Every launch of a recipe reads the data prepare_data wrote, on the configured nodes."""
-    data = Path(f"results/{name}/data").resolve()
+    chain = ChainDir.of(name)
     sets = [
-        f"data.train_files={data / 'train.parquet'}",
-        f"data.val_files={data / 'test.parquet'}",
+        f"data.train_files={chain.split('train').resolve()}",
+        f"data.val_files={chain.split('test').resolve()}",
     ]
     sets.append(f"cluster.nodes={nodes(device)}")
     built = built_model(engine_recipe.load(name, device=device))
@@ -145,8 +149,8 @@ def base_sets(name, device):
 def built_model(recipe):
     """The model directory this workflow builds for a recipe, None for released weights."""
     if recipe.model.init == "random":
-        return f"results/models/{recipe.model.name}"
-    if recipe.model.path.startswith("results/assets/"):
+        return str(MODELS / recipe.model.name)
+    if Path(recipe.model.path).is_relative_to(ASSETS):
         return recipe.model.path  # tiny recipes: inside the tiny_assets directory
     return None
 
@@ -252,7 +256,7 @@ def model_inputs(wildcards):
     built = built_model(recipe)
     if built is None:
         return []
-    return ["results/assets"] if built.startswith("results/assets/") else [built]
+    return [ASSETS] if Path(built).is_relative_to(ASSETS) else [built]
 
 
 def export_flags(wildcards):
@@ -265,7 +269,7 @@ def drift_flags(wildcards):
     built = built_model(recipe)
     if not config["drift"] or built is None:
         return ""
-    return f"--drift {shlex.quote(built)} results/{wildcards.recipe}/export"
+    return f"--drift {shlex.quote(built)} {ChainDir.of(wildcards.recipe).export.path}"
 
 
 def targets(name):
@@ -273,12 +277,10 @@ def targets(name):
     the run report (gates, step split, memory) and, when configured, the broken-loop control.
     """
     _, device = resolved(name)
-    wanted = [
-        f"results/{name}/train/provenance.json",
-        f"results/{name}/report/curves.png",
-    ]
+    chain = ChainDir.of(name)
+    wanted = [chain.train.provenance, chain.curves]
     if device != "cpu":
-        wanted.append(f"results/{name}/train/smoke_report.json")
+        wanted.append(chain.train.run_report)
     if config["control"]:
-        wanted.append(f"results/{name}/control/run.json")
+        wanted.append(chain.control.record)
     return wanted

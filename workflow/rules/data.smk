@@ -3,13 +3,13 @@
 
 rule prepare_data:
     output:
-        train="results/{recipe}/data/train.parquet",
-        test="results/{recipe}/data/test.parquet",
-        manifest="results/{recipe}/data/manifest.json",
+        train=CHAIN.split("train"),
+        test=CHAIN.split("test"),
+        manifest=CHAIN.manifest,
     log:
-        "results/{recipe}/logs/prepare_data.log",
+        CHAIN.log("prepare_data"),
     benchmark:
-        "results/{recipe}/benchmarks/prepare_data.tsv"
+        CHAIN.benchmark("prepare_data")
     container:
         image
     params:
@@ -24,9 +24,9 @@ rule prepare_data:
 # command never meets a partial copy it would have to refuse
 rule tiny_assets:
     output:
-        directory("results/assets"),
+        directory(ASSETS),
     log:
-        "results/logs/tiny_assets.log",
+        RESULTS / "logs" / "tiny_assets.log",
     container:
         image
     params:
@@ -39,9 +39,9 @@ rule tiny_assets:
 # random-init models in a registry shape (recipes with model.init: random), seeded like the data
 rule random_model:
     output:
-        directory("results/models/{model}"),
+        directory(MODELS / "{model}"),
     log:
-        "results/logs/random_model.{model}.log",
+        RESULTS / "logs" / "random_model.{model}.log",
     container:
         image
     params:

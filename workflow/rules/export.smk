@@ -3,20 +3,20 @@
 
 rule export:
     input:
-        "results/{recipe}/train/run.json",
+        CHAIN.train.record,
     output:
-        directory("results/{recipe}/export"),
+        directory(CHAIN.export.path),
     log:
-        "results/{recipe}/logs/export.log",
+        CHAIN.log("export"),
     benchmark:
-        "results/{recipe}/benchmarks/export.tsv"
+        CHAIN.benchmark("export")
     container:
         image
     resources:
         # --verify-logits runs both models on the accelerator when there is one
         accelerator_jobs=1,
     params:
-        checkpoints=lambda wc: f"results/{wc.recipe}/train/checkpoints",
+        checkpoints=lambda wc: ChainDir.of(wc.recipe).train.checkpoints,
         flags=export_flags,
         python=python(),
     shell:
@@ -25,17 +25,17 @@ rule export:
 
 rule provenance:
     input:
-        run="results/{recipe}/train/run.json",
-        export="results/{recipe}/export",
-        manifest="results/{recipe}/data/manifest.json",
-        train="results/{recipe}/data/train.parquet",
-        test="results/{recipe}/data/test.parquet",
-        smoke="results/{recipe}/smoke/run.json",
+        run=CHAIN.train.record,
+        export=CHAIN.export.path,
+        manifest=CHAIN.manifest,
+        train=CHAIN.split("train"),
+        test=CHAIN.split("test"),
+        smoke=CHAIN.smoke.record,
     output:
-        record="results/{recipe}/train/provenance.json",
-        crate="results/{recipe}/train/ro-crate-metadata.json",
+        record=CHAIN.train.provenance,
+        crate=CHAIN.train.crate,
     log:
-        "results/{recipe}/logs/provenance.log",
+        CHAIN.log("provenance"),
     container:
         image
     params:

@@ -3,23 +3,23 @@
 
 rule plot_curves:
     input:
-        "results/{recipe}/train/run.json",
+        CHAIN.train.record,
     output:
         report(
-            "results/{recipe}/report/curves.png",
+            CHAIN.curves,
             caption="../report/curves.rst",
             category="Training",
             subcategory="{recipe}",
         ),
     log:
-        "results/{recipe}/logs/plot_curves.log",
+        CHAIN.log("plot_curves"),
     container:
         image
     params:
         # earlier attempts of a resumed run first, so the latest value of a step wins
         metrics=lambda wc: [
-            f"results/{wc.recipe}/train/metrics.earlier.jsonl",
-            f"results/{wc.recipe}/train/metrics.jsonl",
+            ChainDir.of(wc.recipe).train.earlier_metrics,
+            ChainDir.of(wc.recipe).train.metrics,
         ],
         # the agreement gate's threshold is drawn on the gap panel
         device=lambda wc: resolved(wc.recipe)[1],
@@ -31,12 +31,12 @@ rule plot_curves:
 # update, weight sync), rollout tokens/s and the trainer's peak memory, from verl's metrics.
 rule run_report:
     input:
-        run="results/{recipe}/train/run.json",
-        export="results/{recipe}/export",
+        run=CHAIN.train.record,
+        export=CHAIN.export.path,
     output:
-        "results/{recipe}/train/smoke_report.json",
+        CHAIN.train.run_report,
     log:
-        "results/{recipe}/logs/run_report.log",
+        CHAIN.log("run_report"),
     container:
         image
     resources:

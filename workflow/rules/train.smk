@@ -3,14 +3,14 @@
 
 rule smoke:
     input:
-        unpack(lambda wc: {"manifest": f"results/{wc.recipe}/data/manifest.json"}),
-        model_inputs,
+        manifest=CHAIN.manifest,
+        model=model_inputs,
     output:
-        "results/{recipe}/smoke/run.json",
+        CHAIN.smoke.record,
     log:
-        "results/{recipe}/logs/smoke.log",
+        CHAIN.log("smoke"),
     benchmark:
-        "results/{recipe}/benchmarks/smoke.tsv"
+        CHAIN.benchmark("smoke")
     container:
         image
     resources:
@@ -37,16 +37,16 @@ rule smoke:
 
 rule train:
     input:
-        smoke="results/{recipe}/smoke/run.json",
-        manifest="results/{recipe}/data/manifest.json",
+        smoke=CHAIN.smoke.record,
+        manifest=CHAIN.manifest,
         model=model_inputs,
     output:
         # only the record: the checkpoints beside it must survive a failed attempt (resume)
-        "results/{recipe}/train/run.json",
+        CHAIN.train.record,
     log:
-        "results/{recipe}/logs/train.log",
+        CHAIN.log("train"),
     benchmark:
-        "results/{recipe}/benchmarks/train.tsv"
+        CHAIN.benchmark("train")
     container:
         image
     resources:
@@ -61,11 +61,12 @@ rule train:
         rundir=subpath(output[0], parent=True),
         launch=lambda wc: launch_command(wc.recipe, "train"),
         failed=keep_failed_record,
+        metrics=lambda wc: ChainDir.of(wc.recipe).train.metrics,
+        earlier=lambda wc: ChainDir.of(wc.recipe).train.earlier_metrics,
         python=python(),
     shell:
         # a resumed attempt starts a new metrics.jsonl: keep the earlier steps for the curves
-        "if [ -s {params.rundir}/metrics.jsonl ]; then "
-        "cat {params.rundir}/metrics.jsonl >> {params.rundir}/metrics.earlier.jsonl; fi; "
+        "if [ -s {params.metrics} ]; then cat {params.metrics} >> {params.earlier}; fi; "
         "{params.launch} >> {log} 2>&1 || {params.failed}; "
         "{params.python} workflow/scripts/check_trained.py {params.rundir} >> {log} 2>&1"
 
@@ -75,15 +76,15 @@ rule train:
 # never failed on a broken loop proves nothing about a healthy one. No checkpoint is kept.
 rule control:
     input:
-        smoke="results/{recipe}/smoke/run.json",
-        manifest="results/{recipe}/data/manifest.json",
+        smoke=CHAIN.smoke.record,
+        manifest=CHAIN.manifest,
         model=model_inputs,
     output:
-        "results/{recipe}/control/run.json",
+        CHAIN.control.record,
     log:
-        "results/{recipe}/logs/control.log",
+        CHAIN.log("control"),
     benchmark:
-        "results/{recipe}/benchmarks/control.tsv"
+        CHAIN.benchmark("control")
     container:
         image
     resources:
