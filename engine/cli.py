@@ -36,6 +36,10 @@ DELEGATED: dict[str, tuple[str, str]] = {
     ),
     "provenance": ("engine.records.provenance:cli_main", "write or verify a run record"),
     "rerun": ("engine.records.rerun:rerun_main", "re-launch a run from its provenance record"),
+    "matrix": (
+        "engine.records.matrix:cli_main",
+        "the known-good matrix: what ran where, from the kept records (and what never ran)",
+    ),
     "verify-env": ("engine.env.pins:cli_main", "compare installed versions with the container pins"),
     "cluster": ("engine.run.cluster:cli_main", "bring up a multi-node Ray cluster in a Slurm job"),
     "wheelhouse": ("engine.env.wheelhouse:cli_main", "build or install an offline wheel bundle"),

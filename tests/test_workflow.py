@@ -159,6 +159,15 @@ def test_h200_profile_points_the_flagship_target_at_its_rehearsal(scratch: Path)
     assert "--set trainer.save_freq=-1" in control and "results/models/Qwen3.5-0.8B" in control
 
 
+def test_cpu_chain_builds_the_tiny_assets_it_trains_on(scratch: Path) -> None:
+    """The tiny recipes' model and data come from the tiny_assets rule, not from `engine run` building
+    them on the side (which it does only for a launch outside the workflow)."""
+    proc = snakemake(scratch, "-n", "-p", "smoke_cpu")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    jobs = _jobs(proc.stdout)
+    assert "tiny_assets" in jobs and "results/assets" in jobs["smoke"].split("output:")[0]
+
+
 def test_run_target_needs_a_recipe(scratch: Path) -> None:
     proc = snakemake(scratch, "-n", "run")
     assert proc.returncode != 0 and "error: the run target needs --config recipe=NAME" in proc.stderr

@@ -139,15 +139,17 @@ def base_sets(name, device):
         f"data.val_files={chain.split('test').resolve()}",
     ]
     sets.append(f"cluster.nodes={nodes(device)}")
-    built = built_model(engine_recipe.load(name, device=device))
+    built = built_model(name, device)
     if built:
         # the model a rule of this workflow builds, by absolute path (verl runs from the repo root)
         sets.append(f"model.path={Path(built).resolve()}")
     return sets + list(config["sets"])
 
 
-def built_model(recipe):
-    """The model directory this workflow builds for a recipe, None for released weights."""
+def built_model(name, device):
+    """The model directory this workflow builds for a recipe (as the recipe file names it, before this
+    workflow's --set values), None for released weights."""
+    recipe = engine_recipe.load(name, device=device)
     if recipe.model.init == "random":
         return str(MODELS / recipe.model.name)
     if Path(recipe.model.path).is_relative_to(ASSETS):
@@ -252,11 +254,10 @@ def dataset_args(wildcards):
 
 def model_inputs(wildcards):
     """The model a rule of this workflow builds (tiny_assets, random_model); none for released weights."""
-    recipe, _ = resolved(wildcards.recipe)
-    built = built_model(recipe)
+    built = built_model(wildcards.recipe, resolved(wildcards.recipe)[1])
     if built is None:
         return []
-    return [ASSETS] if Path(built).is_relative_to(ASSETS) else [built]
+    return [str(ASSETS) if Path(built).is_relative_to(ASSETS) else built]
 
 
 def export_flags(wildcards):
@@ -265,8 +266,7 @@ def export_flags(wildcards):
 
 def drift_flags(wildcards):
     """How far training moved the policy (smoke-report --drift): needs the initial model at hand."""
-    recipe, _ = resolved(wildcards.recipe)
-    built = built_model(recipe)
+    built = built_model(wildcards.recipe, resolved(wildcards.recipe)[1])
     if not config["drift"] or built is None:
         return ""
     return f"--drift {shlex.quote(built)} {ChainDir.of(wildcards.recipe).export.path}"
