@@ -205,9 +205,9 @@ def test_any_string_round_trips_through_hydra(value: object) -> None:
 def test_recipe_schema_doc_is_generated_from_the_code() -> None:
     from engine.recipes.reference import schema_markdown
 
-    doc = ROOT / "docs" / "recipe-schema.md"
+    doc = ROOT / "docs" / "reference" / "recipe-schema.md"
     assert doc.read_text() == schema_markdown() + "\n", (
-        "run: python -m engine schema --format markdown > docs/recipe-schema.md"
+        "run: python -m engine schema --format markdown > docs/reference/recipe-schema.md"
     )
 
 
