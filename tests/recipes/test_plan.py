@@ -30,7 +30,7 @@ UPSTREAM = {
     "smoke_qwen35_0p8b_gpu": ("smoke_qwen35_0p8b", "gpu", []),
     "smoke_qwen35_2b_npu": ("smoke_qwen35_2b", "npu", []),
 }
-# Deliberate deviations (docs/deviations.md): paths, names, and the checkpointing fixes.
+# Deliberate deviations (docs/reference/deviations.md): paths, names, and the checkpointing fixes.
 ALLOWED = {
     "data.train_files",
     "data.val_files",
