@@ -94,3 +94,10 @@ def test_index_links_every_page() -> None:
     assert not expected - linked, (
         f"docs/index.md lacks: {sorted(str(p.relative_to(ROOT)) for p in expected - linked)}"
     )
+
+
+def test_cli_reference_names_every_command() -> None:
+    """docs/reference/cli.md has a row for every `python -m engine` command the parser knows."""
+    text = (DOCS / "reference" / "cli.md").read_text()
+    missing = [cmd for cmd in sorted(engine_commands()) if not re.search(rf"^\| `{cmd}[ `]", text, re.M)]
+    assert not missing, f"docs/reference/cli.md lacks a row for: {missing}"
