@@ -1,5 +1,5 @@
 """Bad input over every entry point: one `error:` line naming the input, the documented exit code, and
-every earlier artefact byte-identical afterwards (docs/errors.md). Run in-process: one table, no
+every earlier artefact byte-identical afterwards (docs/reference/errors.md). Run in-process: one table, no
 subprocess per case. Checkpoint corruption and the entry-point wiring live in test_bad_checkpoints.py.
 """
 

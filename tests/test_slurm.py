@@ -54,10 +54,11 @@ def same_files(a: Path, b: Path) -> None:
 
 
 def documented_slurm_runs() -> list:
-    """The `snakemake --profile profiles/slurm_*` commands of the README and docs/workflow.md."""
+    """The `snakemake --profile profiles/slurm_*` commands of the README and the guides (docs/guide/)."""
     found = []
-    for doc in ("README.md", "docs/workflow.md"):
-        for line in (ROOT / doc).read_text().replace("\\\n", " ").splitlines():
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs" / "guide").glob("*.md"))]:
+        doc = str(path.relative_to(ROOT))
+        for line in path.read_text().replace("\\\n", " ").splitlines():
             command = line.split("  #", 1)[0].strip()
             if re.match(r"(\.venv/bin/)?snakemake .*--profile profiles/slurm_", command):
                 found.append(pytest.param(command, id=f"{doc}-{len(found)}"))

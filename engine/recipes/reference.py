@@ -10,7 +10,7 @@ from engine.recipes.schema import MAPPING_FIELDS, Recipe, section_type
 
 
 def schema_markdown() -> str:
-    """The recipe reference (docs/recipe-schema.md), generated from the models so it cannot drift."""
+    """The recipe reference (docs/reference/recipe-schema.md), generated from the models: it cannot drift."""
     lines = [
         "# Recipe schema reference",
         "",

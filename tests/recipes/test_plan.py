@@ -30,7 +30,7 @@ UPSTREAM = {
     "smoke_qwen35_0p8b_gpu": ("smoke_qwen35_0p8b", "gpu", []),
     "smoke_qwen35_2b_npu": ("smoke_qwen35_2b", "npu", []),
 }
-# Deliberate deviations (docs/deviations.md): paths, names, and the checkpointing fixes.
+# Deliberate deviations (docs/reference/deviations.md): paths, names, and the checkpointing fixes.
 ALLOWED = {
     "data.train_files",
     "data.val_files",
@@ -205,9 +205,9 @@ def test_any_string_round_trips_through_hydra(value: object) -> None:
 def test_recipe_schema_doc_is_generated_from_the_code() -> None:
     from engine.recipes.reference import schema_markdown
 
-    doc = ROOT / "docs" / "recipe-schema.md"
+    doc = ROOT / "docs" / "reference" / "recipe-schema.md"
     assert doc.read_text() == schema_markdown() + "\n", (
-        "run: python -m engine schema --format markdown > docs/recipe-schema.md"
+        "run: python -m engine schema --format markdown > docs/reference/recipe-schema.md"
     )
 
 

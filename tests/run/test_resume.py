@@ -4,8 +4,8 @@
 step. Once straight through; once killed after step 1 (mid-epoch), relaunched, killed after step 2
 (exactly at the epoch boundary, where verl #7401 reports resumes that exit 0 without training),
 relaunched to step 4. The four steps are compared one by one: metrics fixed by the sampled tokens and
-rewards to the bit, batch reductions within the tolerance of `engine rerun` (docs/cpu-run.md: the async
-rollout may hand the batch over in another order, so float32 sums differ in the last bits).
+rewards to the bit, batch reductions within the tolerance of `engine rerun` (docs/reference/gates.md:
+the async rollout may hand the batch over in another order, so float32 sums differ in the last bits).
 """
 
 from __future__ import annotations

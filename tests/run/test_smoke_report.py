@@ -95,7 +95,8 @@ def test_missing_metric_fails_and_cli_refuses_bad_input(tmp_path: Path) -> None:
 
 
 def test_recorded_h200_vllm_runs_healthy_passes_and_broken_sync_fails() -> None:
-    """The vLLM-rollout smoke on 1x H200 and that run with the weight sync broken (docs/performance.md)."""
+    """The vLLM-rollout smoke on 1x H200 and that run with the weight sync broken
+    (docs/reference/performance.md)."""
     healthy = smoke_report.report(RECORDS / "smoke", 0.01, 0.99)
     assert healthy["passed"] and len(healthy["steps"]) == 4
     broken = smoke_report.report(RECORDS / "no_sync", 0.01, 0.99)
@@ -107,9 +108,9 @@ def test_recorded_h200_vllm_runs_healthy_passes_and_broken_sync_fails() -> None:
 
 
 def test_recorded_moe_run_is_judged_by_the_moe_bound() -> None:
-    """The 35B-A3B shape on 1x H200 (docs/performance.md): its rollout/actor correlation (0.917-0.952)
-    sits below the dense floor from step 1 on and does not fall after updates; the report reads the
-    model kind from the run's recipe."""
+    """The 35B-A3B shape on 1x H200 (docs/reference/performance.md): its rollout/actor correlation
+    (0.917-0.952) sits below the dense floor from step 1 on and does not fall after updates; the report
+    reads the model kind from the run's recipe."""
     moe = ROOT / "docs/records/h200-moe-2026-12-01/smoke"
     result = smoke_report.report(moe, 0.01, None)
     assert result["passed"] and result["thresholds"]["rollout_actor_probs_corr"] == 0.8
@@ -124,8 +125,8 @@ def test_recorded_moe_run_is_judged_by_the_moe_bound() -> None:
 
 
 def test_recorded_moe_broken_sync_fails_the_moe_bound_at_step_2() -> None:
-    """The 35B-A3B shape on 1x H200 with vLLM's weight sync broken (docs/performance.md, 2026-12-03):
-    synced at step 1 (0.936, as healthy), then 0.531, 0.380, 0.188 as the actor moves away."""
+    """The 35B-A3B shape on 1x H200 with vLLM's weight sync broken (docs/reference/performance.md,
+    2026-12-03): synced at step 1 (0.936, as healthy), then 0.531, 0.380, 0.188 as the actor moves away."""
     broken = smoke_report.report(ROOT / "docs/records/h200-moe-2026-12-03/no_sync", 0.01, None)
     assert broken["thresholds"]["rollout_actor_probs_corr"] == 0.8  # read as MoE from its recipe
     failed = [g for g in broken["gates"] if g["status"] == "fail"]

@@ -95,7 +95,8 @@ def test_sync_targets_still_have_their_shape() -> None:
 
 
 def test_cpu_moe_prepack_still_skipped_on_weight_update() -> None:
-    """vLLM bug (docs/vllm-cpu-moe-repack.md): the CPU expert prepack runs only when no kernel exists yet."""
+    """vLLM bug (docs/reference/vllm-cpu-moe-repack.md): the CPU expert prepack runs only when no kernel
+    exists yet."""
     from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as m
 
     source = inspect.getsource(m.UnquantizedFusedMoEMethod)
@@ -249,7 +250,7 @@ def test_synced_weights_match_a_fresh_load(cpu_env: None, tmp_path: Path, name: 
     gaps = results.get(timeout=600)
     child.join(timeout=60)
     assert isinstance(gaps, dict), gaps
-    print(f"{name}: max log-prob gaps {gaps}")  # shown with -s; docs/cpu-run.md quotes them
+    print(f"{name}: max log-prob gaps {gaps}")  # shown with -s; docs/reference/cpu-path.md quotes them
     assert gaps.pop("fresh 1 vs 2") > 0.05, "the two weight sets are told apart"
     unfixed = gaps.pop("sync 1 without repack", None)
     assert gaps == dict.fromkeys(gaps, 0.0)  # every sync: bit-equal to the fresh load
