@@ -2,7 +2,7 @@
 #   prepare_data -> smoke -> train -> export -> provenance   (outputs under results/<recipe>/)
 # `snakemake smoke_cpu` runs the tiny recipe end to end on a laptop (`learn_cpu`: the 30-step run whose
 # reward must rise, with its learning curve in the report); `snakemake run_qwen35_35b
-# --profile profiles/slurm_gpu --config nodes=2` the full run on a cluster. See docs/workflow.md.
+# --profile profiles/slurm_gpu --config nodes=2` the full run on a cluster. See docs/guide/workflow.md.
 
 from snakemake.utils import min_version, validate
 

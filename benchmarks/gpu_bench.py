@@ -162,7 +162,7 @@ def _cell(row: dict[str, Any]) -> str:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """The table docs/performance.md carries."""
+    """The table docs/reference/performance.md carries."""
     head = "| run | kernels | GPUs | batch/mbs/seq | tokens/s | tokens/s/GPU | step ms | MFU | peak GiB |\n"
     head += "|---|---|---|---|---|---|---|---|---|\n"
     body = []

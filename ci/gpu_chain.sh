@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A workflow target on a GPU machine without a package index (docs/workflow.md, "One H200"): install the
-# carried wheelhouses (engine wheelhouse build; docs/containers.md), check the imports, run Snakemake.
+# A workflow target on a GPU machine without a package index (docs/guide/workflow.md, "One H200"): install the
+# carried wheelhouses (engine wheelhouse build; docs/reference/containers.md), check the imports, run Snakemake.
 # Usage: ci/gpu_chain.sh WHEELHOUSE... -- SNAKEMAKE_ARGS, e.g.
 #   ci/gpu_chain.sh wh-gpu wh-workflow -- --profile profiles/h200 run_qwen35_35b
 set -euo pipefail

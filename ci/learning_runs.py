@@ -1,5 +1,6 @@
-"""The learning figures of docs/cpu-run.md: `tiny_cpu_learn` over 3 rollout seeds and under each test-only
-breakage of engine/runtime/mutations.py, with the gates of engine/run/gates.py evaluated on every run.
+"""The learning figures of docs/reference/gates.md: `tiny_cpu_learn` over 3 rollout seeds and under each
+test-only breakage of engine/runtime/mutations.py, with the gates of engine/run/gates.py evaluated on every
+run.
 
 Usage: .venv/bin/python ci/learning_runs.py --out results/learning [--assets DIR] [--figure PNG]
 Runs what is missing under OUT (a run directory with run.json counts as done), then prints one markdown

@@ -13,7 +13,7 @@
 # removes SLURM_CONF from the environment of the `srun` it runs inside each job; `down` removes the
 # link, and `up` refuses a host whose /etc/slurm/slurm.conf is its own. Accounting is off, as on many
 # small clusters: `sacct` fails there, which is what the profiles' `slurm-status-command: squeue` is
-# for (docs/workflow.md).
+# for (docs/guide/cluster.md).
 # Each logical node declares SLURM_NODE_CPUS CPUs (default 8) whatever the host has
 # (SlurmdParameters=config_overrides), so a 2-core machine can host a job of Ray's logical CPUs.
 set -euo pipefail

@@ -115,5 +115,5 @@ def _dispatch(argv: list[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Every `python -m engine` command, behind the one error boundary (docs/errors.md)."""
+    """Every `python -m engine` command, behind the one error boundary (docs/reference/errors.md)."""
     return boundary(_dispatch, sys.argv[1:] if argv is None else argv)

@@ -1,4 +1,4 @@
-"""Expected failures and the one boundary every entry point goes through (docs/errors.md).
+"""Expected failures and the one boundary every entry point goes through (docs/reference/errors.md).
 
 An expected failure is one line, `error: ...`, naming the input and the fix, and a documented exit
 code; an unexpected exception still shows its traceback, because that is a bug to report.
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-# Exit codes of every command (docs/errors.md is the table users read).
+# Exit codes of every command (docs/reference/errors.md is the table users read).
 OK = 0
 FAILED = 1  # the command ran and its result failed its check (drift, mismatch, a run that did not train)
 BAD_INPUT = 2  # arguments, recipe, input files or environment refused before anything was written

@@ -1,4 +1,4 @@
-"""One policy for every path a command reads or writes (docs/errors.md).
+"""One policy for every path a command reads or writes (docs/reference/errors.md).
 
 Outputs are checked before any work starts, so a mistyped `--out` fails in a second and not after an
 hour of merging: an output must not be a file where a directory goes (or the reverse), must not sit

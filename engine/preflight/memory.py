@@ -1,6 +1,7 @@
 """Per-device memory estimate of a plan, by phase: what preflight compares with the device's memory.
 
-Kept apart from preflight because it is a model to calibrate against measured peaks (docs/performance.md).
+Kept apart from preflight because it is a model to calibrate against measured peaks
+(docs/reference/performance.md).
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ from engine.recipes.plan import Plan
 GIB = 1024**3
 # Measured peak / modelled (activations + logits) on one and two H200s through verl's FSDP2 engine
 # (packed, fla kernels, chunked entropy and log-probs, no recompute): 1.8 keeps all five measured
-# settings within +-15% (-10.2% to +2.4%, docs/performance.md). The unmodelled part is the bf16 logits
-# and their gradient next to the fp32 chunk, and autograd's saved gated-delta-net tensors.
+# settings within +-15% (-10.2% to +2.4%, docs/reference/performance.md). The unmodelled part is the bf16
+# logits and their gradient next to the fp32 chunk, and autograd's saved gated-delta-net tensors.
 ACTIVATION_CALIBRATION = 1.8
 # torch's AdamW (foreach, what verl's FSDP engines use) computes its update in temporaries the size of
 # the parameters (fp32): 4 bytes per parameter on top of the states at the optimizer step. Measured: the
 # 35B-A3B shape at 6 layers peaks at 115.01 GiB = 20 B x 6.17 B parameters at every batch shape, above
-# its backward peak (docs/performance.md); for the dense 0.8B the activations peak higher.
+# its backward peak (docs/reference/performance.md); for the dense 0.8B the activations peak higher.
 OPTIMIZER_STEP_BYTES = 4
 # Between steps the gradients are freed (zero_grad sets them to None): what stays on the device while
 # vLLM is awake is the fp32 weights and the AdamW moments. Measured 105.0 GiB in use during generation

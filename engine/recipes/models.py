@@ -309,8 +309,7 @@ register(
 GPU_VISION_PARAMS_2048 = 103_739_648
 # The 35B-A3B architecture at full width (hidden 2048, 256 experts, 8 per token, vocabulary 248,320) and 6
 # of its 40 layers: fp32 weights, gradients and AdamW moments train it on one 141 GB H200 beside the
-# colocated vLLM (115 GiB at the optimizer step; 7 layers would be the limit, docs/performance.md, "The
-# 35B-A3B architecture on one H200").
+# colocated vLLM (115 GiB at the optimizer step; 7 layers would be the limit: docs/reference/performance.md).
 QWEN35_35B_6L = register(
     truncated(
         REGISTRY["Qwen3.5-35B-A3B"],

@@ -1,6 +1,6 @@
 """The chain of one recipe's runs under results/<recipe>/, named once, and what a record says of it.
 
-The workflow's rules write the chain (docs/workflow.md): data/ (prepare_data), smoke/, train/ (the run
+The workflow's rules write the chain (docs/guide/workflow.md): data/ (prepare_data), smoke/, train/ (the run
 directory), export/, control/, report/, logs/. `ChainDir` names every path of it, for the rules and for
 the record. `provenance write RUN_DIR --workflow SNAKEFILE` records RUN_DIR as the train step of its chain
 and the --export directories as its export steps; the RO-Crate turns the steps into a Provenance Run Crate.

@@ -302,7 +302,7 @@ def crate_readme(record: dict[str, Any]) -> str:
             f"{record.get('start')} -> {record.get('end')}), git {record['git'].get('commit')} "
             f"(dirty: {record['git'].get('dirty')}); steps: {steps}.",
             "",
-            "- `provenance.json`: the full record (schema `" + record["schema"] + "`, docs/provenance.md)",
+            f"- `provenance.json`: the full record (schema `{record['schema']}`, docs/reference/records.md)",
             "- `ro-crate-metadata.json`: the same as an RO-Crate 1.1 ("
             + ("Provenance" if chain else "Workflow")
             + " Run Crate 0.5)",

@@ -51,7 +51,7 @@ def rerun_main(argv: list[str]) -> int:
     parser.add_argument("record", help="provenance.json (or its run directory)")
     parser.add_argument("--out", required=True, help="new run directory")
     # CPU reruns sample the same tokens, but the async rollout may order the batch differently, so float32
-    # sums differ slightly (docs/cpu-run.md): grad norms by ~2e-4 relative, GRPO's zero-mean pg_loss
+    # sums differ slightly (docs/reference/gates.md): grad norms by ~2e-4 relative, GRPO's zero-mean pg_loss
     # (about 1e-8) by its whole size.
     parser.add_argument(
         "--rtol", type=bounds.finite_float, default=1e-3, help="relative tolerance per metric"

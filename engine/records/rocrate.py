@@ -232,7 +232,7 @@ def ro_crate(record: dict[str, Any]) -> dict[str, Any]:
             "name": rundir.PROVENANCE,
             "encodingFormat": "application/json",
             "conformsTo": {"@id": "#schema"},
-            "description": "the full record (docs/provenance.md)",
+            "description": "the full record (docs/reference/records.md)",
         },
         {"@id": "#schema", "@type": "CreativeWork", "name": record["schema"]},
         {

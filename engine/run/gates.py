@@ -70,7 +70,8 @@ AGREEMENT: dict[str, Agreement] = {
     "cpu": Agreement(
         metric=PROBS_DIFF_MAX,
         limit=1e-4,
-        source="docs/cpu-run.md: fp32 actor; healthy <= 7.2e-7 (3 seeds, 30 steps), no sync 1.2e-3 at step 2",
+        source="docs/reference/gates.md: fp32 actor; healthy <= 7.2e-7 (3 seeds, 30 steps), no sync 1.2e-3 "
+        "at step 2",
     ),
     # bf16 vLLM against the actor: gaps are not float rounding, so the correlation, not the gap
     "gpu": Agreement(
@@ -78,7 +79,8 @@ AGREEMENT: dict[str, Agreement] = {
         limit=0.99,
         floor=True,
         max_drop=0.05,
-        source="docs/performance.md: vLLM on 1x H200, healthy >= 0.9971 (4 steps), no sync 0.76/0.65/0.41",
+        source="docs/reference/performance.md: vLLM on 1x H200, healthy >= 0.9971 (4 steps), no sync "
+        "0.76/0.65/0.41",
     ),
     # MoE: vLLM's fused experts and transformers' grouped_mm pick other top-8 experts for some tokens in
     # bf16, so the two engines agree less from step 1 on, by an amount that updates do not grow but that
@@ -88,7 +90,7 @@ AGREEMENT: dict[str, Agreement] = {
         limit=0.8,
         floor=True,
         max_drop=0.15,
-        source="docs/performance.md: 35B-A3B shape on 1x H200, healthy 0.931/0.949/0.917/0.952 and "
+        source="docs/reference/performance.md: 35B-A3B shape on 1x H200, healthy 0.931/0.949/0.917/0.952 and "
         "0.953/0.895/0.954/0.969 (largest fall below step 1: 0.058, while the log-ppl gap shrank "
         "0.073 -> 0.033); weight sync broken 0.936 -> 0.531/0.380/0.188 (fall 0.405 at step 2)",
     ),
@@ -105,7 +107,8 @@ LEARNING: dict[str, Learning] = {
     "tiny_cpu_learn": Learning(
         window=5,
         margin=0.10,
-        source="docs/cpu-run.md: 3 seeds rise by 0.170-0.175; lr 0 and no-sync runs by 0.005 (step sd 0.011)",
+        source="docs/reference/gates.md: 3 seeds rise by 0.170-0.175; lr 0 and no-sync runs by 0.005 "
+        "(step sd 0.011)",
     ),
 }
 

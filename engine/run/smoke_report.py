@@ -12,7 +12,7 @@ rewards (zero advantages, zero gradient) all finish cleanly. This reads verl's m
   the gate that separates: it ignores a constant rescaling of the rollout's probabilities, which
   verl's vLLM rollout applies when the tokenizer is shorter than the model's vocabulary (ids past
   `len(tokenizer)` are masked before sampling, the actor normalises over all of them), so
-  `rollout_corr/log_ppl_abs_diff` is reported, not gated (docs/performance.md). The correlation's
+  `rollout_corr/log_ppl_abs_diff` is reported, not gated (docs/reference/performance.md). The correlation's
   bound is the GPU gate of the run's model kind (`engine.run.gates`: dense or MoE, whose bf16 routing
   makes the engines agree less from step 1 on), a floor and a largest fall below step 1;
 - finite losses and grad norms;

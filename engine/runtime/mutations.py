@@ -1,7 +1,7 @@
 """Test-only ways to break the GRPO loop, to show that the gates in `engine.run.gates` catch them.
 
 A correctness check that never failed proves nothing; these switches break the loop the way real bugs
-do, so tests and docs/cpu-run.md can show the learning and agreement gates failing. They are chosen
+do, so tests and docs/reference/gates.md can show the learning and agreement gates failing. They are chosen
 only by the environment variable `ENGINE_TEST_BREAK` (never by a recipe) and are read in every verl
 process through `engine.verl_ext`:
 

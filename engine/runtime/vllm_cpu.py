@@ -15,7 +15,7 @@
   processed, and copied back. On CPU the received tensors are views into the shared-memory transfer
   buffer, which the next bucket overwrites while the layerwise loader still holds them: they are
   copied first.
-- MoE experts (`repack_cpu_moe_experts`, a vLLM bug, docs/vllm-cpu-moe-repack.md): the CPU MoE
+- MoE experts (`repack_cpu_moe_experts`, a vLLM bug, docs/reference/vllm-cpu-moe-repack.md): the CPU MoE
   method prepacks expert weights only on the first load; after a sync they are read in the raw
   layout. They are prepacked again after every sync.
 
