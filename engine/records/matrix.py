@@ -142,8 +142,13 @@ def _export_stage(folder: Path, rel: str) -> Stage:
 
 
 def _versions(source: dict[str, Any], folder: Path) -> dict[str, str]:
-    """Key package versions: freezes named in the source (later ones win), then explicit ones."""
+    """Key package versions: a provenance record's, freezes named in the source (later ones win), then
+    explicit ones."""
     found: dict[str, str] = {}
+    if source.get("provenance"):
+        fix = "keep it with the record"
+        record = fsutil.read_json(folder / source["provenance"], "provenance record", fix)
+        found |= {k.lower(): str(v) for k, v in record["versions"]["installed"].items() if v}
     for name in source.get("freezes", []):
         for line in fsutil.read_text(folder / name, "freeze", "keep it with the record").splitlines():
             package, _, version = line.partition("==")
