@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from containers.lock import ROOT, build_lock_path, sources_lock_path
+from engine import paths
 from engine.env.pins import is_unresolved, load_pins, stack_pins
 from engine.errors import ArgumentParser, UserError, entry
 
@@ -86,7 +87,7 @@ def build_args(stack: str, pins: dict[str, Any], revision: str, arch: str = "x86
         "IMAGE_SOURCE": pins["image"]["source"],
         "IMAGE_LICENSES": pins["image"]["licenses"],
         "STACK": stack,
-        "PINS_SHA256": hashlib.sha256((ROOT / "containers" / "pins.yaml").read_bytes()).hexdigest(),
+        "PINS_SHA256": hashlib.sha256(paths.REPOSITORY_PINS.read_bytes()).hexdigest(),
         "TORCH_VERSION": str(packages["torch"]),
         "VLLM_VERSION": str(packages["vllm"]),
         "TRANSFORMERS_VERSION": str(packages["transformers"]),

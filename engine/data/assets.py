@@ -261,7 +261,8 @@ def save_model(model: Any, tokenizer: Any, target: Path) -> None:
         tokenizer.save_pretrained(tmp)
 
 
-OUT_NAMES = ("tiny-qwen35", "tiny-qwen35-moe", "data", "assets.json")
+MANIFEST = "assets.json"  # written last: the seed and where each asset is
+OUT_NAMES = ("tiny-qwen35", "tiny-qwen35-moe", "data", MANIFEST)
 
 
 ASSET_KEYS = {"tiny-qwen35": "dense", "tiny-qwen35-moe": "moe"}  # manifest keys; the rest are named
@@ -284,7 +285,7 @@ def build_all(out: Path, seed: int = 0, train_size: int = 256, test_size: int = 
     written |= {"train": str(data / "train.parquet"), "test": str(data / "test.parquet")}
     relative = {key: os.path.relpath(path, out) for key, path in written.items()}
     fsutil.atomic_write(
-        out / "assets.json", json.dumps({"seed": seed, "paths": relative}, indent=2, sort_keys=True) + "\n"
+        out / MANIFEST, json.dumps({"seed": seed, "paths": relative}, indent=2, sort_keys=True) + "\n"
     )
     return written
 
@@ -301,7 +302,7 @@ def recipe_sets(out: Path, model: str = "tiny-qwen35") -> list[str]:
 
 def ensure(out: Path, seed: int = 0) -> dict[str, str]:
     """Build the assets unless a manifest with the same seed is already there (used by `run`)."""
-    manifest = out / "assets.json"
+    manifest = out / MANIFEST
     if manifest.exists():
         recorded = fsutil.read_json(manifest, "assets manifest", "remove it to rebuild the assets")
         paths = {key: str(out / rel) for key, rel in recorded.get("paths", {}).items()}
@@ -319,7 +320,7 @@ def cli_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.train_size < 1 or args.test_size < 1:
         raise UserError("--train-size and --test-size must be positive integers")
-    out = fsutil.check_out_dir(args.out, reuse=lambda d: fsutil.foreign_files(d, OUT_NAMES, "assets.json"))
+    out = fsutil.check_out_dir(args.out, reuse=lambda d: fsutil.foreign_files(d, OUT_NAMES, MANIFEST))
     written = build_all(out.resolve(), args.seed, args.train_size, args.test_size)
     for key, path in written.items():
         print(f"{key:<6} {path}")

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from engine import paths
 from engine.errors import UserError
 from engine.fsutil import UniqueKeyLoader, read_text, yaml_problem
 from engine.recipes.schema import FLAT_MAPPINGS, MAPPING_FIELDS, Recipe, section_type
@@ -37,9 +38,8 @@ def _yaml(text: str) -> Any:
 
 def recipe_dir() -> Path:
     """The recipes shipped with the engine: package data in a wheel, `recipes/` in a checkout."""
-    package = Path(__file__).resolve().parents[1]  # engine/
-    packaged = package / "_recipes"
-    return packaged if packaged.is_dir() else package.parent / "recipes"
+    packaged = paths.PACKAGE_DIR / "_recipes"
+    return packaged if packaged.is_dir() else paths.SOURCE_ROOT / "recipes"
 
 
 def recipe_dirs() -> list[Path]:

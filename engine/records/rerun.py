@@ -69,7 +69,7 @@ def rerun_main(argv: list[str]) -> int:
         help="rerun a record that no longer verifies, with its files as they are now (kept in run.json)",
     )
     args = parser.parse_args(argv)
-    record_path = Path(args.record) / "provenance.json" if Path(args.record).is_dir() else Path(args.record)
+    record_path = RunDir(Path(args.record)).provenance if Path(args.record).is_dir() else Path(args.record)
     if not record_path.is_file():
         raise UserError(f"record {record_path} not found: pass a provenance.json or its run directory")
     record = read_record(record_path)
