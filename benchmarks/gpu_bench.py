@@ -38,7 +38,7 @@ console = Console(stderr=True, highlight=False)
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
 MODES = ("plain", "verl-padded", "verl-packed")
 # what makes two rows repeats of one measurement (benchmarks.compare matches baselines by them too)
-CONFIG_KEYS = ("mode", "kernels", "levers", "logprobs", "gpus", "batch", "mbs", "seq", "fill")
+CONFIG_KEYS = ("model", "mode", "kernels", "levers", "logprobs", "gpus", "batch", "mbs", "seq", "fill")
 KERNELS = ("torch", "fla")
 
 
@@ -46,6 +46,16 @@ def flops_params(config: Any) -> int:
     """The N of the MFU estimate (6 x N x tokens): text parameters a token's forward multiplies by, i.e.
     attention, router, shared and top-k routed experts and the head (models.count_text_params)."""
     return count_text_params(config.get_text_config().to_dict()).matmul
+
+
+def model_tag(config: Any) -> str:
+    """The model's shape in a few words, what tells two benchmarked models apart: `qwen3_5_moe_text 6L
+    h2048 256e` (the directory name is the user's)."""
+    text = config.get_text_config()
+    experts = getattr(text, "num_experts", 0) or 0
+    return f"{text.model_type} {text.num_hidden_layers}L h{text.hidden_size}" + (
+        f" {experts}e" if experts else ""
+    )
 
 
 Shape = tuple[int, int, int]  # sequences per GPU per step, micro-batch, sequence length

@@ -13,7 +13,15 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.gpu_bench import PEAK_TFLOPS, Shape, build_parser, flops_params, run_slug, shapes_of
+from benchmarks.gpu_bench import (
+    PEAK_TFLOPS,
+    Shape,
+    build_parser,
+    flops_params,
+    model_tag,
+    run_slug,
+    shapes_of,
+)
 from engine.env.pins import dist_version
 from engine.recipes.levers import engine_config_kwargs
 from engine.runtime.kernels import select_kernels
@@ -89,20 +97,29 @@ def _plain_step_fn(model_path: str, args: argparse.Namespace, device: Any) -> tu
         optim.zero_grad(set_to_none=True)
         return ids.numel()
 
-    return step, flops_params(config), lambda: applied_settings(model, optim)
+    return step, flops_params(config), lambda: {"model": model_tag(config)} | applied_settings(model, optim)
 
 
 def build_verl_engine(
-    model_path: str, packed: bool, mbs: int, seq: int, recompute: bool, levers: list[str], lr: float = 1e-6
+    model_path: str,
+    packed: bool,
+    mbs: int,
+    seq: int,
+    recompute: bool,
+    levers: list[str],
+    lr: float = 1e-6,
+    engine_overrides: dict[str, Any] | None = None,
 ) -> tuple[Any, Any]:
     """verl's FSDP2 engine as its GRPO actor builds it, with the levers' settings as a recipe renders them
-    (engine.recipes.levers): (engine, model_config). Gradient sync per micro-batch as verl's trainer
-    config has it (use_no_sync_for_gradient_accumulation: false)."""
+    (engine.recipes.levers) and any `engine_overrides` (controls that are no lever): (engine,
+    model_config). Gradient sync per micro-batch as verl's trainer config has it
+    (use_no_sync_for_gradient_accumulation: false)."""
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
     from verl.workers.engine import EngineRegistry
 
     engine_levers, optimizer_levers = engine_config_kwargs(levers)
+    engine_levers |= engine_overrides or {}
     world = int(os.environ.get("WORLD_SIZE", "1"))
     model_config = HFModelConfig(
         path=model_path,
@@ -202,7 +219,8 @@ def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tu
             engine.train_batch(td, loss_function=loss_fn)
         return int(mask.sum())
 
-    settings = lambda: applied_settings(engine.module, engine.optimizer)  # noqa: E731
+    tag = model_tag(model_config.hf_config)
+    settings = lambda: {"model": tag} | applied_settings(engine.module, engine.optimizer)  # noqa: E731
     return step, flops_params(model_config.hf_config), settings
 
 
