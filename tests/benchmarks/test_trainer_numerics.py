@@ -30,6 +30,13 @@ def test_verdicts_hold_each_lever_to_its_tolerance() -> None:
     assert not verdict["foreach"]["within"]
 
 
+def test_a_reference_that_does_not_train_passes_no_lever() -> None:
+    """At upstream's lr 1e-6 24 steps move the loss by less than the batches differ: nothing to compare."""
+    ref = _rows("baseline", [7.0, 6.9999, 7.0001], [1.0, 1.0, 1.0])
+    same = _rows("fused", [7.0, 6.9999, 7.0001], [1.0, 1.0, 1.0])
+    assert not any(v["within"] or v["conclusive"] for v in numerics.verdicts(ref + same))
+
+
 def test_lever_list_puts_the_reference_first_and_checks_names() -> None:
     assert numerics._lever_list("bf16-rn,fused") == ["baseline", "fused", "bf16-rn"]
     from engine.errors import UserError
@@ -51,7 +58,7 @@ def test_levers_train_like_the_fp32_reference_and_the_control_does_not(tmp_path:
     )
     verdicts = {r["lever"]: r for r in map(json.loads, out.read_text().splitlines()) if r.get("verdict")}
     assert code == 0 and list(verdicts) == ["baseline", "fast", "bf16-sr", "bf16-rn"]
-    assert all(v["steps"] == 20 for v in verdicts.values())
+    assert all(v["steps"] == 20 and v["conclusive"] and v["drop_step"] == 16 for v in verdicts.values())
     assert verdicts["fast"]["within"] and verdicts["bf16-sr"]["within"] and not verdicts["bf16-rn"]["within"]
     assert verdicts["baseline"]["loss_last"] < verdicts["baseline"]["loss_first"]  # it trains
     applied = {lever: v["applied"] for lever, v in verdicts.items()}
