@@ -197,7 +197,7 @@ def cli_main(argv: list[str]) -> int:
     args.out = fsutil.check_out_file(args.out)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
     cmd += ["-m", "benchmarks.trainer_numerics", *argv, "--out", str(args.out), "--worker"]
-    log = args.out.with_suffix(".log")
+    log = args.out.with_suffix(".group.log")  # the process group's output (a caller may log to OUT.log)
     started = time.monotonic()
     with log.open("w") as handle:
         code = run_group(cmd, handle, args.timeout, env=worker_env())

@@ -60,7 +60,7 @@ want moe-padded && stage moe-padded "${bench[@]}" --model "$moe" --modes verl-pa
     --shapes "$one_shape" --levers baseline,fast-bf16 --out "$out/moe-padded.jsonl"
 # 4. the levers' numerics through verl's engine on the GPU (dense 0.8B; the CPU check uses the tiny MoE)
 want numerics && stage numerics python3 -m benchmarks.trainer_numerics --model "$dense" \
-    --seq "${NUMERICS_SEQ:-512}" --out "$out/numerics.jsonl"
+    --seq "${NUMERICS_SEQ:-512}" --lr "${NUMERICS_LR:-1e-4}" --out "$out/numerics.jsonl"
 
 for rows in "$out"/moe.jsonl "$out"/dense.jsonl "$out"/moe-padded.jsonl; do
     [ -f "$rows" ] && stage "compare-$(basename "$rows" .jsonl)" python3 -m benchmarks.compare "$rows" \
