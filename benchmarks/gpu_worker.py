@@ -128,6 +128,7 @@ def build_verl_engine(
         enable_gradient_checkpointing=recompute,
         override_config={"attn_implementation": "sdpa"},
     )
+    settings = {"use_no_sync_for_gradient_accumulation": False} | engine_levers  # verl trainer's default
     engine_config = FSDPEngineConfig(
         forward_only=False,
         strategy="fsdp2",
@@ -137,8 +138,7 @@ def build_verl_engine(
         micro_batch_size_per_gpu=mbs,
         max_token_len_per_gpu=mbs * seq,
         ulysses_sequence_parallel_size=1,
-        use_no_sync_for_gradient_accumulation=False,
-        **engine_levers,
+        **settings,
     )
     engine = EngineRegistry.new(
         model_type="language_model",
@@ -220,7 +220,8 @@ def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tu
         return int(mask.sum())
 
     tag = model_tag(model_config.hf_config)
-    settings = lambda: {"model": tag} | applied_settings(engine.module, engine.optimizer)  # noqa: E731
+    sync = {"defer_gradient_sync": engine.engine_config.use_no_sync_for_gradient_accumulation}
+    settings = lambda: {"model": tag} | applied_settings(engine.module, engine.optimizer) | sync  # noqa: E731
     return step, flops_params(model_config.hf_config), settings
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from engine import errors, fsutil
 from engine.errors import ArgumentParser, UserError
-from engine.recipes.levers import LEVERS, lever_names
+from engine.recipes.levers import lever_fields, lever_names
 
 REFERENCE = "baseline"
 CONTROL = "bf16-rn"  # not a lever: bf16 weights with torch's AdamW (round to nearest)
@@ -40,7 +40,7 @@ TOLERANCE = {
 
 
 def tolerance_class(lever: str) -> str:
-    fields = {} if lever == CONTROL else dict(LEVERS[lever][0])
+    fields = {} if lever == CONTROL else lever_fields([lever])
     bf16 = lever == CONTROL or fields.get("actor.optim.precision") == "bf16_sr"
     return "bf16" if bf16 else "exact"
 
@@ -89,7 +89,8 @@ def train_lever(args: argparse.Namespace, lever: str) -> list[dict[str, Any]]:
         grad_norm = out["metrics"]["grad_norm"]
         rows.append({"lever": lever, "step": step, "batch_index": step % args.batches})
         rows[-1] |= {"loss": sum(losses), "grad_norm": float(grad_norm)}
-    rows[-1]["applied"] = applied_settings(engine.module, engine.optimizer)  # read back, not assumed
+    sync = {"defer_gradient_sync": engine.engine_config.use_no_sync_for_gradient_accumulation}
+    rows[-1]["applied"] = applied_settings(engine.module, engine.optimizer) | sync  # read back, not assumed
     del engine
     return rows
 
@@ -169,7 +170,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--levers",
         type=_lever_list,
-        default=[REFERENCE, "foreach", "fused", "no-reshard", "bf16-sr", "fast", "fast-bf16", CONTROL],
+        default=[
+            REFERENCE,
+            "foreach",
+            "fused",
+            "no-reshard",
+            "no-sync",
+            "bf16-sr",
+            "fast",
+            "fast-bf16",
+            CONTROL,
+        ],
         help=f"levers to compare with {REFERENCE} (always run, first); {CONTROL}: the control, must fail",
     )
     parser.add_argument("--steps", type=int, default=24)

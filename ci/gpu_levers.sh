@@ -49,9 +49,9 @@ fi
 bench=(python3 -m benchmarks.gpu_bench run --kernels "$kernels" --steps "$steps" --repeats "$repeats")
 if [ "${SMALL:-0}" = 1 ]; then bench+=(--warmup 1); fi
 # 1. the 35B-A3B architecture at 6 layers: every lever (foreach is torch's default on a GPU: `baseline`),
-#    packed, micro-batches 2 and 4 and two micro-batches per step
+#    packed, micro-batches 2 and 4 and two micro-batches per step (where no-sync can act)
 want moe && stage moe "${bench[@]}" --model "$moe" --modes verl-packed --shapes "$moe_shapes" \
-    --levers baseline,fused,no-reshard,bf16-sr,fast,fast-bf16 --out "$out/moe.jsonl"
+    --levers baseline,fused,no-reshard,no-sync,bf16-sr,fast,fast-bf16+no-sync --out "$out/moe.jsonl"
 # 2. the dense 0.8B through verl against plain FSDP2 (the ceiling, fused AdamW of its own)
 want dense && stage dense "${bench[@]}" --model "$dense" --modes plain,verl-packed --shapes "$one_shape" \
     --levers baseline,fast,fast-bf16 --out "$out/dense.jsonl"

@@ -32,6 +32,9 @@ RESIDENT_BYTES_BF16 = 6
 # Without reshard_after_forward FSDP keeps every layer's gathered bf16 parameters from its forward to
 # its backward: at the start of backward the whole model is there unsharded, 2 B per parameter.
 GATHERED_BYTES = 2
+# With defer_gradient_sync FSDP2 accumulates a step's gradients unsharded, in the reduce dtype (fp32),
+# until its last micro-batch: 4 B per parameter while a step has more than one micro-batch per device.
+DEFERRED_GRAD_BYTES = 4
 
 
 def layer_activation_bytes(plan: Plan, tokens: float) -> float:
@@ -51,7 +54,8 @@ def memory_estimate(plan: Plan) -> dict[str, float]:
     Training states: fp32 master weights, fp32 grads and AdamW moments (16 bytes/param; 8 with
     actor.optim.precision=bf16_sr), sharded over the FSDP group (experts over the EP group); on the host
     when offloaded. The training peak is the larger of backward (states + activations + logits, + the
-    gathered model without reshard_after_forward) and the optimizer step (states + AdamW's temporaries,
+    gathered model without reshard_after_forward, + unsharded gradients with defer_gradient_sync) and
+    the optimizer step (states + AdamW's temporaries,
     none when fused). Rollout: vLLM takes `gpu_memory_utilization` of the device while the resident
     training states (weights and moments, no gradients) stay.
     """
@@ -65,9 +69,15 @@ def memory_estimate(plan: Plan) -> dict[str, float]:
     optim = a.optim
     states = layer_bf16 if offloaded else STATE_BYTES[optim.precision] * per_device_params
     # FSDP/FSDP2 only: fsdp_turbo's reshard is its own (not modelled)
-    gathered = 0.0
+    held = 0.0  # unsharded parameters or gradients kept through backward
+    unsharded = dense + expert / max(p.ep, 1)
     if not a.reshard_after_forward and a.strategy != "fsdp_turbo":
-        gathered = GATHERED_BYTES * (dense + expert / max(p.ep, 1))
+        held = GATHERED_BYTES * unsharded
+    micro_batches = (
+        a.ppo_mini_batch_size * r.rollout.n / plan.data_parallel_size / a.ppo_micro_batch_size_per_device
+    )
+    if a.defer_gradient_sync and a.strategy != "fsdp_turbo" and (micro_batches > 1 or a.use_dynamic_bsz):
+        held += DEFERRED_GRAD_BYTES * unsharded
     ref = (
         0.0
         if (r.ref.offload_policy or not (a.use_kl_loss or r.algorithm.use_kl_in_reward))
@@ -83,7 +93,7 @@ def memory_estimate(plan: Plan) -> dict[str, float]:
     logits = 4 * mbs * seq * m.vocab_size * (1 if a.entropy_from_logits_with_chunking else 2)
     # calibrated where measured (verl's FSDP/FSDP2 engine); fsdp_turbo's recompute path is unmeasured
     scale = ACTIVATION_CALIBRATION if a.strategy in ("fsdp", "fsdp2") else 1.0
-    backward = states + ref + gathered + scale * (activations + logits)
+    backward = states + ref + held + scale * (activations + logits)
     temporaries = 0 if optim.precision == "bf16_sr" else STEP_BYTES[optim.implementation]
     step = 0.0 if offloaded else states + ref + temporaries * per_device_params
     train = max(backward, step) / GIB

@@ -156,9 +156,14 @@ def _context_length(plan: Plan) -> list[str]:
 def _levers(plan: Plan) -> list[str]:
     """The trainer levers where they were not validated (docs/trainer-levers.md)."""
     a = plan.recipe.actor
-    if a.optim.precision != "bf16_sr":
-        return []
     problems = []
+    if a.defer_gradient_sync and a.strategy == "fsdp_turbo":
+        problems.append(
+            "actor.defer_gradient_sync is verl's FSDP/FSDP2 setting, not validated with fsdp_turbo; "
+            "set actor.strategy=fsdp2 or actor.defer_gradient_sync=false"
+        )
+    if a.optim.precision != "bf16_sr":
+        return problems
     if a.strategy == "fsdp_turbo":
         problems.append(
             "actor.optim.precision=bf16_sr is validated with verl's fsdp/fsdp2 engines only; "

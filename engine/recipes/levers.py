@@ -20,12 +20,16 @@ TORCHAO_IMPL, TORCHAO_ADAMW = "torchao.optim", "_AdamW"
 
 # name -> (recipe --set assignments, what it is for). Later names win where two set the same field.
 LEVERS: dict[str, tuple[dict[str, Any], str]] = {
-    "baseline": ({}, "verl's defaults: fp32 master weights, torch's AdamW kernels, reshard after forward"),
+    "baseline": ({}, "verl's trainer defaults: fp32 master weights, torch's AdamW kernels, reshard, sync"),
     "foreach": ({"actor.optim.implementation": "foreach"}, "AdamW's foreach kernels asked for explicitly"),
     "fused": ({"actor.optim.implementation": "fused"}, "AdamW in one fused kernel: no fp32 temporaries"),
     "no-reshard": (
         {"actor.reshard_after_forward": False},
         "keep the gathered bf16 parameters from forward to backward: one gather (and cast) per step, not two",
+    ),
+    "no-sync": (
+        {"actor.defer_gradient_sync": True},
+        "reduce a step's gradients once, after its last micro-batch, not after each",
     ),
     "bf16-sr": (
         {"actor.optim.precision": "bf16_sr"},
@@ -43,9 +47,10 @@ LEVERS: dict[str, tuple[dict[str, Any], str]] = {
 
 
 def lever_names(text: str) -> list[str]:
-    """`fused,no-reshard` -> the names, each checked."""
+    """`fused,no-reshard` -> the names, each checked; `fast+no-sync` is one name made of two levers
+    (for the benchmark, whose rows are one name each)."""
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in LEVERS]
+    unknown = [part for name in names for part in name.split("+") if part not in LEVERS]
     if unknown or not names:
         choices = ", ".join(LEVERS)
         raise UserError(f"--levers {text!r}: unknown lever {unknown or text!r}; choose from {choices}")
@@ -54,16 +59,19 @@ def lever_names(text: str) -> list[str]:
 
 def lever_sets(names: list[str]) -> list[str]:
     """The `--set KEY=VALUE` items of the levers, in order (a later lever wins)."""
+    fields = lever_fields(names)
     return [
-        f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, value in _merged(names)
+        f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, value in fields.items()
     ]
 
 
-def _merged(names: list[str]) -> list[tuple[str, Any]]:
+def lever_fields(names: list[str]) -> dict[str, Any]:
+    """Recipe field -> value of the levers together (a later one wins)."""
     merged: dict[str, Any] = {}
     for name in names:
-        merged |= LEVERS[name][0]
-    return list(merged.items())
+        for part in name.split("+"):
+            merged |= LEVERS[part][0]
+    return merged
 
 
 def optimizer_keys(optim: Optim) -> dict[str, Any]:
@@ -93,13 +101,15 @@ def optimizer_keys(optim: Optim) -> dict[str, Any]:
 def engine_config_kwargs(names: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(FSDPEngineConfig, FSDPOptimizerConfig) keyword arguments of the levers, exactly the keys a recipe
     with them renders: for driving verl's engine without a recipe (the benchmarks)."""
-    merged = dict(_merged(names))
+    merged = lever_fields(names)
     optim_fields = {
         k.removeprefix("actor.optim."): v for k, v in merged.items() if k.startswith("actor.optim.")
     }
     engine: dict[str, Any] = {}
     if "actor.reshard_after_forward" in merged:
         engine["reshard_after_forward"] = merged["actor.reshard_after_forward"]
+    if merged.get("actor.defer_gradient_sync"):
+        engine["use_no_sync_for_gradient_accumulation"] = True
     optimizer: dict[str, Any] = {}
     for key, value in optimizer_keys(Optim(lr=1.0, **optim_fields)).items():
         section, _, field = key.partition(".")

@@ -201,6 +201,8 @@ def _actor(r: Recipe, family: Family) -> list[Override]:
         Override(f"{actor}.fsdp_config.param_offload", a.param_offload),
         Override(f"{actor}.fsdp_config.optimizer_offload", a.optimizer_offload),
     ]
+    if a.defer_gradient_sync:
+        entries.append(Override(f"{actor}.fsdp_config.use_no_sync_for_gradient_accumulation", True))
     entries += [Override(f"{actor}.{key}", value) for key, value in levers.items()]
     if a.strategy != "fsdp_turbo":
         entries.append(Override(f"{actor}.fsdp_config.fsdp_size", r.parallel.fsdp))

@@ -125,6 +125,12 @@ class Actor(Section):
     entropy_checkpointing: bool = Field(
         True, description="recompute entropy in backward instead of keeping it"
     )
+    defer_gradient_sync: bool = Field(
+        False,
+        description="keep a step's gradients unsharded over its micro-batches and reduce them once, at the "
+        "last (fsdp_config.use_no_sync_for_gradient_accumulation; verl's trainer default false): fewer "
+        "reduce-scatters and gradient casts, the unsharded gradients held meanwhile",
+    )
     offload_policy: bool = Field(
         True, description="FSDP2 CPU offload; with fsdp_turbo it alone decides offload"
     )

@@ -118,6 +118,7 @@ def test_shipped_recipes_pass(name: str, device: str, sets: list[str]) -> None:
             ["actor.optim.precision=bf16_sr"],
             "validated with verl's fsdp/fsdp2 engines only",
         ),
+        ("qwen35_35b", "gpu", ["actor.defer_gradient_sync=true"], "not validated with fsdp_turbo"),
         (
             "tiny_cpu",
             "cpu",
@@ -174,6 +175,16 @@ def test_memory_estimate_knows_the_levers() -> None:
     # at the backward peak (fused: no optimizer temporaries above it) no reshard adds 2 B/param
     fused, fast = estimate(*levers.lever_sets(["fused"])), estimate(*levers.lever_sets(["fast"]))
     assert fast["train_gib"] - fused["train_gib"] == pytest.approx(2 * gib, abs=0.02)
+    # deferred gradient sync holds fp32 unsharded gradients, but only over more than one micro-batch
+    two = ("actor.ppo_micro_batch_size_per_device=4",)  # this recipe: 4 prompts x 2 samples per step
+    deferred = estimate(*two, *levers.lever_sets(["fused+no-sync"]))["train_gib"]
+    assert deferred - estimate(*two, *levers.lever_sets(["fused"]))["train_gib"] == pytest.approx(
+        4 * gib, abs=0.02
+    )
+    one = ("actor.ppo_micro_batch_size_per_device=8",)
+    assert estimate(*one, *levers.lever_sets(["fused+no-sync"])) == estimate(
+        *one, *levers.lever_sets(["fused"])
+    )
 
 
 def test_bf16_states_need_torchao_where_verl_runs(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ EXPECTED = {
     "foreach": {"actor_rollout_ref.actor.optim.override_optimizer_config": {"foreach": True}},
     "fused": {"actor_rollout_ref.actor.optim.override_optimizer_config": {"fused": True}},
     "no-reshard": {"actor_rollout_ref.actor.fsdp_config.reshard_after_forward": False},
+    "no-sync": {"actor_rollout_ref.actor.fsdp_config.use_no_sync_for_gradient_accumulation": True},
     "bf16-sr": {
         "actor_rollout_ref.actor.fsdp_config.model_dtype": "bf16",
         "actor_rollout_ref.actor.optim.optimizer_impl": "torchao.optim",
@@ -50,8 +51,11 @@ def test_bundles_are_their_parts_and_later_wins() -> None:
     fast = levers.lever_sets(["fast"])
     assert fast == levers.lever_sets(["fused", "no-reshard"])
     assert levers.lever_sets(["fused", "bf16-sr"])[-1] == "actor.optim.precision=bf16_sr"
-    with pytest.raises(UserError, match="unknown lever"):
-        levers.lever_names("fused,turbo")
+    assert levers.lever_sets(["fast+no-sync"]) == levers.lever_sets(["fast", "no-sync"])
+    assert levers.lever_names("fast+no-sync,fused") == ["fast+no-sync", "fused"]
+    for bad in ("fused,turbo", "fast+turbo"):
+        with pytest.raises(UserError, match="unknown lever"):
+            levers.lever_names(bad)
 
 
 def test_bf16_states_refuse_a_kernel_choice_they_cannot_honour() -> None:
