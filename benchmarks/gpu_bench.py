@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -30,11 +31,14 @@ from rich.table import Table
 
 from engine import errors, fsutil, procs
 from engine.errors import ArgumentParser, UserError
+from engine.recipes.levers import lever_names
 from engine.recipes.params import count_text_params
 
 console = Console(stderr=True, highlight=False)
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
 MODES = ("plain", "verl-padded", "verl-packed")
+# what makes two rows repeats of one measurement (benchmarks.compare matches baselines by them too)
+CONFIG_KEYS = ("model", "mode", "kernels", "levers", "logprobs", "gpus", "batch", "mbs", "seq", "fill")
 KERNELS = ("torch", "fla")
 
 
@@ -42,6 +46,16 @@ def flops_params(config: Any) -> int:
     """The N of the MFU estimate (6 x N x tokens): text parameters a token's forward multiplies by, i.e.
     attention, router, shared and top-k routed experts and the head (models.count_text_params)."""
     return count_text_params(config.get_text_config().to_dict()).matmul
+
+
+def model_tag(config: Any) -> str:
+    """The model's shape in a few words, what tells two benchmarked models apart: `qwen3_5_moe_text 6L
+    h2048 256e` (the directory name is the user's)."""
+    text = config.get_text_config()
+    experts = getattr(text, "num_experts", 0) or 0
+    return f"{text.model_type} {text.num_hidden_layers}L h{text.hidden_size}" + (
+        f" {experts}e" if experts else ""
+    )
 
 
 Shape = tuple[int, int, int]  # sequences per GPU per step, micro-batch, sequence length
@@ -63,54 +77,84 @@ def shapes_of(args: argparse.Namespace) -> list[Shape]:
     return getattr(args, "shapes", None) or [(args.batch, args.mbs, args.seq)]
 
 
+def configurations(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """(kernels, mode, lever) of each process group, in the order they run: the levers apply to verl's
+    engine, so plain FSDP2 (the ceiling, with its own fused AdamW) runs once, as `baseline`."""
+    return [
+        (kernels, mode, lever)
+        for kernels in args.kernels
+        for mode in args.modes
+        for lever in (["baseline"] if mode == "plain" else args.levers)
+    ]
+
+
 def run_matrix(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every (mode, kernels) pair in a fresh process group, which measures each shape in turn (the model is
-    loaded once per group); what failed becomes a row with the last error line."""
+    """Every (kernels, mode, lever) in a fresh process group, which measures each shape in turn (the model
+    is loaded once per group); the whole sequence `--repeats` times, so that the repeats of one row are
+    spread over the allocation rather than back to back."""
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    shapes = shapes_of(args)
-    spec = ",".join("/".join(map(str, shape)) for shape in shapes)
-    for kernels in args.kernels:
-        for mode in args.modes:
-            before = args.out.read_text().count("\n") if args.out.exists() else 0
-            cmd = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                f"--nproc-per-node={args.gpus}",
-            ]
-            cmd += ["-m", "benchmarks.gpu_worker", "--model", str(args.model), "--out", str(args.out)]
-            cmd += ["--modes", mode, "--kernels", kernels, "--shapes", spec]
-            cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
-            cmd += ["--recompute"] if args.recompute else []
-            cmd += ["--profile", str(args.profile)] if args.profile else []
-            cmd += ["--logprobs", args.logprobs, "--fill", str(args.fill), "--gpus", str(args.gpus)]
-            console.print(f"[bold]bench[/bold] {mode}/{kernels} x{args.gpus} shapes {spec}")
-            started = time.monotonic()
-            log = args.out.with_suffix(f".{run_slug(mode, kernels, args, shapes[0])}.log")
-            with log.open("w") as handle:
-                code = run_group(cmd, handle, args.timeout)
-            lines = args.out.read_text().splitlines() if args.out.exists() else []
-            measured = [json.loads(line) for line in lines[before:]]
-            if code != 0 or len(measured) < len(shapes):
-                tail = [ln for ln in log.read_text(errors="replace").splitlines() if "Error" in ln][-1:]
-                batch, mbs, seq = shapes[len(measured)] if len(measured) < len(shapes) else shapes[-1]
-                row = {"mode": mode, "kernels": kernels, "gpus": args.gpus, "batch": batch, "mbs": mbs}
-                row |= {"seq": seq, "fill": args.fill, "logprobs": args.logprobs}
-                row["error"] = (tail or [f"exit {code}"])[0]
-                with args.out.open("a") as handle:
-                    handle.write(json.dumps(row) + "\n")
-                measured.append(row)
-            wall = round(time.monotonic() - started, 1)
-            for row in measured:
-                row["wall_s"] = wall  # the whole group's, model load included
-                rows.append(row)
-                console.print(f"  {_shape(row)}: {_cell(row)}")
+    for repeat in range(1, args.repeats + 1):
+        for kernels, mode, lever in configurations(args):
+            rows += run_configuration(args, kernels, mode, lever, repeat)
     return rows
 
 
-def run_group(cmd: list[str], log: Any, timeout: float) -> int | str:
+def run_configuration(
+    args: argparse.Namespace, kernels: str, mode: str, lever: str, repeat: int
+) -> list[dict[str, Any]]:
+    """One process group's rows (one per shape); what failed becomes a row with the last error line."""
+    shapes = shapes_of(args)
+    spec = ",".join("/".join(map(str, shape)) for shape in shapes)
+    before = args.out.read_text().count("\n") if args.out.exists() else 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.gpus}"]
+    cmd += ["-m", "benchmarks.gpu_worker", "--model", str(args.model), "--out", str(args.out)]
+    cmd += ["--modes", mode, "--kernels", kernels, "--shapes", spec]
+    cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+    cmd += ["--recompute"] if args.recompute else []
+    cmd += ["--profile", str(args.profile)] if args.profile else []
+    cmd += ["--logprobs", args.logprobs, "--fill", str(args.fill), "--gpus", str(args.gpus)]
+    cmd += ["--levers", lever, "--repeat", str(repeat)]
+    console.print(f"[bold]bench[/bold] {mode}/{kernels}/{lever} x{args.gpus} shapes {spec}, repeat {repeat}")
+    started = time.monotonic()
+    log = args.out.with_suffix(f".{run_slug(mode, kernels, args, shapes[0], lever)}.r{repeat}.log")
+    with log.open("w") as handle:
+        code = run_group(cmd, handle, args.timeout, env=worker_env())
+    lines = args.out.read_text().splitlines() if args.out.exists() else []
+    measured = [json.loads(line) for line in lines[before:]]
+    if code != 0 or len(measured) < len(shapes):
+        tail = [ln for ln in log.read_text(errors="replace").splitlines() if "Error" in ln][-1:]
+        batch, mbs, seq = shapes[len(measured)] if len(measured) < len(shapes) else shapes[-1]
+        row = {"mode": mode, "kernels": kernels, "gpus": args.gpus, "batch": batch, "mbs": mbs}
+        row |= {"seq": seq, "fill": args.fill, "logprobs": args.logprobs, "levers": lever, "repeat": repeat}
+        row["error"] = (tail or [f"exit {code}"])[0]
+        with args.out.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        measured.append(row)
+    wall = round(time.monotonic() - started, 1)
+    for row in measured:
+        row["wall_s"] = wall  # the whole group's, model load included
+        console.print(f"  {_shape(row)}: {_cell(row)}")
+    return measured
+
+
+def worker_env() -> dict[str, str]:
+    """The environment of a worker: this one, plus on a host without a GPU the cpu profile's settings
+    that let verl's engine run there (engine.verl_ext's platform, gloo), as `engine run` uses them."""
+    import torch
+    import yaml
+
+    from engine.recipes.loader import recipe_dir
+    from engine.recipes.plan import EXTERNAL_MODULE
+
+    if torch.cuda.is_available():
+        return dict(os.environ)
+    profile = yaml.safe_load((recipe_dir() / "profiles" / "cpu.yaml").read_text())
+    verl_ext = {"VERL_USE_EXTERNAL_MODULES": EXTERNAL_MODULE}
+    return {k: str(v) for k, v in profile["env"].items()} | verl_ext | dict(os.environ)
+
+
+def run_group(cmd: list[str], log: Any, timeout: float, env: dict[str, str] | None = None) -> int | str:
     """Run in its own session, killed whole on timeout and when this process ends, however it ends.
 
     torch.distributed.run's workers outlive a killed launcher: left running they hold the GPU and
@@ -121,6 +165,7 @@ def run_group(cmd: list[str], log: Any, timeout: float) -> int | str:
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        env=env,
         preexec_fn=procs.dies_with_this_process(),
     )
     with procs.session_reaper(proc):
@@ -132,16 +177,18 @@ def run_group(cmd: list[str], log: Any, timeout: float) -> int | str:
             return f"timeout after {timeout:.0f} s"
 
 
-def run_slug(mode: str, kernels: str, args: argparse.Namespace, shape: Shape) -> str:
+def run_slug(mode: str, kernels: str, args: argparse.Namespace, shape: Shape, lever: str = "baseline") -> str:
     """One configuration's file stem: its log here, its profile table in the worker."""
     batch, mbs, seq = shape
     shape_text = f"g{args.gpus}.b{batch}.m{mbs}.s{seq}.f{args.fill:g}"
-    return f"{mode}.{kernels}.{args.logprobs}.{shape_text}"
+    return f"{mode}.{kernels}.{args.logprobs}.{shape_text}" + ("" if lever == "baseline" else f".{lever}")
 
 
 def _run_name(row: dict[str, Any]) -> str:
     verl_logprobs = row.get("logprobs") == "verl" and row["mode"] != "plain"
-    return row["mode"] + (" (verl log-probs)" if verl_logprobs else "")
+    lever = row.get("levers") or "baseline"
+    name = row["mode"] + (f" +{lever}" if lever != "baseline" else "")
+    return name + (" (verl log-probs)" if verl_logprobs else "")
 
 
 def _shape(row: dict[str, Any]) -> str:
@@ -178,6 +225,59 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             f"| {_run_name(r)} | {r['kernels']} | {r['gpus']} | {shape} | {r['tokens_per_s']:,.0f} | "
             f"{r['tokens_per_s_per_gpu']:,.0f} | {r['step_ms']:,.0f} | {mfu} | {r['peak_alloc_gib']} |"
         )
+    return head + "\n".join(body) + "\n"
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per configuration and shape over its repeats: medians, the spread of tokens/s
+    ((max - min) / median), the largest peak; failed repeats are counted, not averaged."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        key = tuple(row.get(k) for k in CONFIG_KEYS)
+        groups.setdefault(key, []).append(row)
+    summary = []
+    for key, group in groups.items():
+        ok = [r for r in group if "error" not in r]
+        entry: dict[str, Any] = dict(zip(CONFIG_KEYS, key, strict=True))
+        entry |= {"repeats": len(ok), "failed": len(group) - len(ok)}
+        if ok:
+            speeds = sorted(r["tokens_per_s"] for r in ok)
+            median = statistics.median(speeds)
+            entry |= {
+                "tokens_per_s": round(median, 1),
+                "tokens_per_s_min": speeds[0],
+                "tokens_per_s_max": speeds[-1],
+                "spread": round((speeds[-1] - speeds[0]) / median, 4) if median else None,
+                "step_ms": round(statistics.median(r["step_ms"] for r in ok), 1),
+                "mfu": _median_or_none([r.get("mfu") for r in ok]),
+                "peak_alloc_gib": max(r["peak_alloc_gib"] for r in ok),
+            }
+        summary.append(entry)
+    return summary
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 4) if known else None
+
+
+def summary_table(summary: list[dict[str, Any]]) -> str:
+    """Medians over the repeats, as the issue's lever table wants them."""
+    head = "| run | kernels | batch/mbs/seq | repeats | median tokens/s | min-max | spread | median step ms "
+    head += "| median MFU | peak GiB |\n|---|---|---|---|---|---|---|---|---|---|\n"
+    body = []
+    for r in summary:
+        cells = [_run_name(r), r["kernels"], _shape(r), f"{r['repeats']} ok, {r['failed']} failed"]
+        if r["repeats"]:
+            spread = f"{100 * r['spread']:.1f}%" if r["spread"] is not None else "-"
+            cells += [
+                f"{r['tokens_per_s']:,.0f}",
+                f"{r['tokens_per_s_min']:,.0f}-{r['tokens_per_s_max']:,.0f}",
+            ]
+            cells += [spread, f"{r['step_ms']:,.0f}", _mfu(r), str(r["peak_alloc_gib"])]
+        else:
+            cells += ["-"] * 6
+        body.append("| " + " | ".join(cells) + " |")
     return head + "\n".join(body) + "\n"
 
 
@@ -223,6 +323,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="write torch.profiler tables of one extra step after the timed ones (last shape) here",
     )
+    run.add_argument(
+        "--levers",
+        type=lever_names,
+        default=["baseline"],
+        help="verl rows: one process group per lever (engine.recipes.levers; e.g. baseline,fused,no-reshard,"
+        "bf16-sr,fast), each with the settings a recipe with that lever renders",
+    )
+    run.add_argument(
+        "--repeats", type=int, default=1, help="run the whole sequence of configurations this many times"
+    )
+    run.add_argument("--repeat", type=int, default=1, help=argparse.SUPPRESS)  # the worker's repeat number
     run.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration")
     return parser
 
@@ -231,8 +342,8 @@ def validate_args(args: argparse.Namespace) -> None:
     bad = [m for m in args.modes if m not in MODES] + [k for k in args.kernels if k not in KERNELS]
     if bad:
         raise UserError(f"unknown --modes/--kernels {bad}; choose from {list(MODES)} and {list(KERNELS)}")
-    if min(args.gpus, args.steps) < 1 or args.warmup < 0:
-        raise UserError("--gpus and --steps must be positive (--warmup >= 0)")
+    if min(args.gpus, args.steps, args.repeats) < 1 or args.warmup < 0:
+        raise UserError("--gpus, --steps and --repeats must be positive (--warmup >= 0)")
     for batch, mbs, seq in shapes_of(args):
         if min(batch, mbs, seq) < 1:
             raise UserError(f"shape {batch}/{mbs}/{seq}: batch, mbs and seq must be positive")
@@ -272,7 +383,8 @@ def cli_main(argv: list[str]) -> int:
         table.add_row(_run_name(r), r["kernels"], str(r["gpus"]), _shape(r), _cell(r))
     console.print(table)
     md = args.out.with_suffix(".md")
-    fsutil.atomic_write(md, markdown_table(rows))
+    fsutil.atomic_write(md, markdown_table(rows) + "\n" + summary_table(summarize(rows)))
+    console.print(summary_table(summarize(rows)))
     return 0 if all("error" not in r for r in rows) else 1
 
 

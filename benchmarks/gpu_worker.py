@@ -13,8 +13,17 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.gpu_bench import PEAK_TFLOPS, Shape, build_parser, flops_params, run_slug, shapes_of
+from benchmarks.gpu_bench import (
+    PEAK_TFLOPS,
+    Shape,
+    build_parser,
+    flops_params,
+    model_tag,
+    run_slug,
+    shapes_of,
+)
 from engine.env.pins import dist_version
+from engine.recipes.levers import engine_config_kwargs
 from engine.runtime.kernels import select_kernels
 
 
@@ -41,7 +50,28 @@ def _response_mask(fill: float, batch: int, seq: int, half: int, seed: int) -> A
     return mask
 
 
-def _plain_step_fn(model_path: str, args: argparse.Namespace, device: Any) -> tuple[Any, int]:
+def applied_settings(module: Any, optimizer: Any) -> dict[str, Any]:
+    """What the step really ran with, read back from the model and optimizer (not from the arguments):
+    the row's evidence that a lever took effect."""
+    param = next(module.parameters())
+    kernel = next((k for k in ("fused", "foreach") if optimizer.defaults.get(k)), "default")
+    states = [t for state in optimizer.state.values() for t in state.values() if getattr(t, "ndim", 0) > 0]
+    from torch.distributed.fsdp import FSDPModule
+
+    inner = [m for m in module.modules() if isinstance(m, FSDPModule) and m is not module]
+    group = getattr(inner[0]._get_fsdp_state(), "_fsdp_param_group", None) if inner else None
+    # FSDP2 keeps a post-forward mesh only when it reshards after forward (a private field: None if gone)
+    reshard = None if group is None else getattr(group, "post_forward_mesh_info", None) is not None
+    return {
+        "optimizer": f"{type(optimizer).__module__}.{type(optimizer).__name__}",
+        "optimizer_kernel": kernel,
+        "param_dtype": str(param.dtype).removeprefix("torch."),
+        "state_dtype": str(states[0].dtype).removeprefix("torch.") if states else None,
+        "reshard_after_forward": reshard,
+    }
+
+
+def _plain_step_fn(model_path: str, args: argparse.Namespace, device: Any) -> tuple[Any, int, Any]:
     """Our own FSDP2: one fully_shard per decoder layer, bf16 compute, fp32 master weights, fused AdamW."""
     import torch
     import transformers
@@ -67,21 +97,103 @@ def _plain_step_fn(model_path: str, args: argparse.Namespace, device: Any) -> tu
         optim.zero_grad(set_to_none=True)
         return ids.numel()
 
-    return step, flops_params(config)
+    return step, flops_params(config), lambda: {"model": model_tag(config)} | applied_settings(model, optim)
 
 
-def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tuple[Any, int]:
+def build_verl_engine(
+    model_path: str,
+    packed: bool,
+    mbs: int,
+    seq: int,
+    recompute: bool,
+    levers: list[str],
+    lr: float = 1e-6,
+    engine_overrides: dict[str, Any] | None = None,
+) -> tuple[Any, Any]:
+    """verl's FSDP2 engine as its GRPO actor builds it, with the levers' settings as a recipe renders them
+    (engine.recipes.levers) and any `engine_overrides` (controls that are no lever): (engine,
+    model_config). Gradient sync per micro-batch as verl's trainer config has it
+    (use_no_sync_for_gradient_accumulation: false)."""
+    from verl.trainer.config import CheckpointConfig
+    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
+    from verl.workers.engine import EngineRegistry
+
+    engine_levers, optimizer_levers = engine_config_kwargs(levers)
+    engine_levers |= engine_overrides or {}
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    model_config = HFModelConfig(
+        path=model_path,
+        load_tokenizer=False,
+        use_remove_padding=packed,
+        enable_gradient_checkpointing=recompute,
+        override_config={"attn_implementation": "sdpa"},
+    )
+    settings = {"use_no_sync_for_gradient_accumulation": False} | engine_levers  # verl trainer's default
+    engine_config = FSDPEngineConfig(
+        forward_only=False,
+        strategy="fsdp2",
+        fsdp_size=world,
+        use_remove_padding=packed,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=mbs,
+        max_token_len_per_gpu=mbs * seq,
+        ulysses_sequence_parallel_size=1,
+        **settings,
+    )
+    engine = EngineRegistry.new(
+        model_type="language_model",
+        backend="fsdp2",
+        model_config=model_config,
+        engine_config=engine_config,
+        optimizer_config=FSDPOptimizerConfig(lr=lr, lr_scheduler_type="constant", **optimizer_levers),
+        checkpoint_config=CheckpointConfig(),
+    )
+    engine.initialize()
+    return engine, model_config
+
+
+def verl_batch(ids: Any, mask: Any, advantages: Any, world: int, mbs: int, packed: bool) -> Any:
+    """The TensorDict verl's actor update passes to train_batch: half prompt, half response."""
+    import torch
+    from verl import DataProto
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    batch, seq = ids.shape
+    half = seq // 2
+    data = DataProto.from_single_dict(
+        {
+            "input_ids": ids,
+            "prompts": ids[:, :half],
+            "attention_mask": mask,
+            "position_ids": torch.arange(seq).expand(batch, seq).clone(),
+            "responses": ids[:, half:],
+            "response_mask": mask[:, half:],
+            "old_log_probs": torch.full((batch, seq - half), -12.0),
+            "advantages": advantages,
+        },
+        meta_info={"temperature": 1.0},
+    )
+    td = left_right_2_no_padding(data.to_tensordict())
+    tu.assign_non_tensor(
+        td,
+        global_batch_size=batch * world,
+        use_remove_padding=packed,
+        use_dynamic_bsz=False,
+        max_token_len_per_gpu=mbs * seq,
+        micro_batch_size_per_gpu=mbs,
+        use_fused_kernels=False,
+    )
+    return td
+
+
+def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tuple[Any, int, Any]:
     """verl's FSDP2 engine as its GRPO actor update drives it: train_batch with ppo_loss."""
     from functools import partial
 
     import torch
-    from verl import DataProto
-    from verl.trainer.config import CheckpointConfig
-    from verl.utils import tensordict_utils as tu
-    from verl.workers.config import ActorConfig, FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
-    from verl.workers.engine import EngineRegistry
+    from verl.workers.config import ActorConfig
     from verl.workers.utils.losses import ppo_loss
-    from verl.workers.utils.padding import left_right_2_no_padding
 
     if args.logprobs == "chunked":  # what engine.verl_ext does in every verl process of `engine run`
         from engine.runtime.kernels import install_token_logprobs
@@ -90,32 +202,9 @@ def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tu
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     _, first_mbs, first_seq = shapes_of(args)[0]  # each step passes its own micro-batch to the engine
-    model_config = HFModelConfig(
-        path=model_path,
-        load_tokenizer=False,
-        use_remove_padding=packed,
-        enable_gradient_checkpointing=args.recompute,
-        override_config={"attn_implementation": "sdpa"},
+    engine, model_config = build_verl_engine(
+        model_path, packed, first_mbs, first_seq, args.recompute, args.levers
     )
-    engine_config = FSDPEngineConfig(
-        forward_only=False,
-        strategy="fsdp2",
-        fsdp_size=world,
-        use_remove_padding=packed,
-        use_dynamic_bsz=False,
-        micro_batch_size_per_gpu=first_mbs,
-        max_token_len_per_gpu=first_mbs * first_seq,
-        ulysses_sequence_parallel_size=1,
-    )
-    engine = EngineRegistry.new(
-        model_type="language_model",
-        backend="fsdp2",
-        model_config=model_config,
-        engine_config=engine_config,
-        optimizer_config=FSDPOptimizerConfig(lr=1e-6, lr_scheduler_type="constant"),
-        checkpoint_config=CheckpointConfig(),
-    )
-    engine.initialize()
     actor = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=first_mbs)
     loss_fn = partial(ppo_loss, config=actor)
     vocab = model_config.hf_config.get_text_config().vocab_size
@@ -125,34 +214,15 @@ def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tu
         half = seq // 2
         ids = _batch(vocab, batch, seq, "cpu", 1000 * rank + index)
         mask = _response_mask(args.fill, batch, seq, half, 1000 * rank + index)
-        data = DataProto.from_single_dict(
-            {
-                "input_ids": ids,
-                "prompts": ids[:, :half],
-                "attention_mask": mask,
-                "position_ids": torch.arange(seq).expand(batch, seq).clone(),
-                "responses": ids[:, half:],
-                "response_mask": mask[:, half:],
-                "old_log_probs": torch.full((batch, seq - half), -12.0),
-                "advantages": torch.randn(batch, seq - half),
-            },
-            meta_info={"temperature": 1.0},
-        )
-        td = left_right_2_no_padding(data.to_tensordict())
-        tu.assign_non_tensor(
-            td,
-            global_batch_size=batch * world,
-            use_remove_padding=packed,
-            use_dynamic_bsz=False,
-            max_token_len_per_gpu=mbs * seq,
-            micro_batch_size_per_gpu=mbs,
-            use_fused_kernels=False,
-        )
+        td = verl_batch(ids, mask, torch.randn(batch, seq - half), world, mbs, packed)
         with engine.train_mode():
             engine.train_batch(td, loss_function=loss_fn)
         return int(mask.sum())
 
-    return step, flops_params(model_config.hf_config)
+    tag = model_tag(model_config.hf_config)
+    sync = {"defer_gradient_sync": engine.engine_config.use_no_sync_for_gradient_accumulation}
+    settings = lambda: {"model": tag} | applied_settings(engine.module, engine.optimizer) | sync  # noqa: E731
+    return step, flops_params(model_config.hf_config), settings
 
 
 def _profile_step(
@@ -223,6 +293,8 @@ def _row(shape: Shape, tokens: float, elapsed: float, n_params: int, args: argpa
     return {
         "mode": mode,
         "kernels": args.kernels[0],
+        "levers": args.levers[0],
+        "repeat": args.repeat,
         "kernel_detail": select_kernels(args.kernels[0]),
         "logprobs": args.logprobs if mode != "plain" else "model loss",
         "gpus": world,
@@ -260,13 +332,13 @@ def worker_main(argv: list[str]) -> int:
     dist.init_process_group("nccl" if cuda else "gloo")
     mode = args.modes[0]
     if mode == "plain":
-        step, n_params = _plain_step_fn(str(args.model), args, device)
+        step, n_params, settings = _plain_step_fn(str(args.model), args, device)
     else:
-        step, n_params = _verl_step_fn(str(args.model), args, packed=mode == "verl-packed")
+        step, n_params, settings = _verl_step_fn(str(args.model), args, packed=mode == "verl-packed")
     shapes = shapes_of(args)
     for number, shape in enumerate(shapes):
         tokens, elapsed = _measure(step, shape, 100 * number, args, cuda)
-        row = _row(shape, tokens, elapsed, n_params, args)
+        row = _row(shape, tokens, elapsed, n_params, args) | settings()
         if dist.get_rank() == 0:
             with open(args.out, "a") as handle:
                 handle.write(json.dumps(row) + "\n")

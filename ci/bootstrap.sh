@@ -16,7 +16,7 @@ if ! { [ -x .venv/bin/python ] && cmp -s ci/constraints-cpu.txt "$stamp" && cmp 
     python3 -m venv .venv
     .venv/bin/pip install "${pip_args[@]}" -q --upgrade pip
     .venv/bin/pip install "${pip_args[@]}" -q -c ci/constraints-cpu.txt torch
-    .venv/bin/pip install "${pip_args[@]}" -q -c ci/constraints-cpu.txt -e '.[verl,workflow,dev]'
+    .venv/bin/pip install "${pip_args[@]}" -q -c ci/constraints-cpu.txt -e '.[verl,workflow,dev,levers]'
     cp ci/constraints-cpu.txt "$stamp"
     cp pyproject.toml .venv/.pyproject
     echo "bootstrap: .venv ready" >&2

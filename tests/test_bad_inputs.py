@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import compare, gpu_bench, overhead
 from benchmarks import export as export_bench
-from benchmarks import gpu_bench, overhead
+from benchmarks import trainer_numerics as numerics
 from containers import build as image_build
 from containers import localtest, lock, resolve
 from engine import cli
@@ -341,6 +342,13 @@ BENCH_CASES = [
         Case("gb-out", ["run", "--model", f"{W}/model", "--out", FILE], 3, "bench-gpu rows"),
     ),
     (gpu_bench.cli_main, Case("gb-action", [], 2, "required")),
+    (
+        gpu_bench.cli_main,
+        Case("gb-levers", ["run", "--model", f"{W}/model", "--levers", "warp"], 2, "unknown lever"),
+    ),
+    (compare.cli_main, Case("cmp-rows", [f"{W}/nope.jsonl"], 2, "not bench-gpu rows")),
+    (compare.cli_main, Case("cmp-base", [FILE, "--baseline", FILE], 2, "unreadable")),
+    (numerics.main, Case("num-model", ["--model", f"{W}/nope"], 2, "no config.json")),
     (export_bench.bench_main, Case("xb-workdir", ["--workdir", FOREIGN], 3, "export bench did not write")),
     (export_bench.bench_main, Case("xb-json", ["--json", FOREIGN], 3, "is a directory")),
 ]

@@ -135,6 +135,18 @@ def _pins(plan: Plan) -> list[str]:
     return [f"pins: {line}" for line in pins.drift(stack, env=launch_env)]
 
 
+def _lever_imports(plan: Plan) -> list[str]:
+    """bf16_sr's optimizer is torchao's: the pinned version must be where verl runs (extra `levers`)."""
+    if plan.recipe.actor.optim.precision != "bf16_sr":
+        return []
+    if importlib.util.find_spec("torchao") is None:
+        return [
+            "actor.optim.precision=bf16_sr needs torchao (its _AdamW), not importable here: "
+            "pip install -e '.[levers]' (or the wheel in the GPU wheelhouse)"
+        ]
+    return []
+
+
 ENV_CHECKS: list[Callable[[Plan], list[str]]] = [
     check_paths,
     check_rollout_env,
@@ -143,4 +155,5 @@ ENV_CHECKS: list[Callable[[Plan], list[str]]] = [
     transformers_range,
     _kernel_pairing,
     _pins,
+    _lever_imports,
 ]

@@ -19,10 +19,23 @@ ACTIVATION_CALIBRATION = 1.8
 # 35B-A3B shape at 6 layers peaks at 115.01 GiB = 20 B x 6.17 B parameters at every batch shape, above
 # its backward peak (docs/reference/performance.md); for the dense 0.8B the activations peak higher.
 OPTIMIZER_STEP_BYTES = 4
+# The trainer levers (engine.recipes.levers; not yet measured on a GPU, docs/trainer-levers.md): fused
+# AdamW updates in place (no temporaries); torchao's compiled bf16 step reads and writes each tensor in
+# one generated kernel (none either). bf16_sr keeps weights and gradients (2 B each) and both moments
+# (2 B each) in bf16: 8 B per parameter instead of 16, 6 resident instead of 12.
+STEP_BYTES = {"default": OPTIMIZER_STEP_BYTES, "foreach": OPTIMIZER_STEP_BYTES, "fused": 0}
+STATE_BYTES = {"fp32": 16, "bf16_sr": 8}
 # Between steps the gradients are freed (zero_grad sets them to None): what stays on the device while
 # vLLM is awake is the fp32 weights and the AdamW moments. Measured 105.0 GiB in use during generation
 # for the 35B-A3B shape (12 B x 6.17 B + vLLM's 0.25 x 141 GiB: 104.2 estimated).
 RESIDENT_BYTES = 12
+RESIDENT_BYTES_BF16 = 6
+# Without reshard_after_forward FSDP keeps every layer's gathered bf16 parameters from its forward to
+# its backward: at the start of backward the whole model is there unsharded, 2 B per parameter.
+GATHERED_BYTES = 2
+# With defer_gradient_sync FSDP2 accumulates a step's gradients unsharded, in the reduce dtype (fp32),
+# until its last micro-batch: 4 B per parameter while a step has more than one micro-batch per device.
+DEFERRED_GRAD_BYTES = 4
 
 
 def layer_activation_bytes(plan: Plan, tokens: float) -> float:
@@ -39,10 +52,12 @@ def layer_activation_bytes(plan: Plan, tokens: float) -> float:
 def memory_estimate(plan: Plan) -> dict[str, float]:
     """Per-device peak in GiB by phase. Deliberately simple: sharded states + activations + logits.
 
-    Training states: fp32 master weights, fp32 grads and AdamW moments (16 bytes/param), sharded over
-    the FSDP group (experts over the EP group); on the host when offloaded. The training peak is the
-    larger of backward (states + activations + logits) and the optimizer step (states + AdamW's
-    temporaries). Rollout: vLLM takes `gpu_memory_utilization` of the device while the resident
+    Training states: fp32 master weights, fp32 grads and AdamW moments (16 bytes/param; 8 with
+    actor.optim.precision=bf16_sr), sharded over the FSDP group (experts over the EP group); on the host
+    when offloaded. The training peak is the larger of backward (states + activations + logits, + the
+    gathered model without reshard_after_forward, + unsharded gradients with defer_gradient_sync) and
+    the optimizer step (states + AdamW's temporaries,
+    none when fused). Rollout: vLLM takes `gpu_memory_utilization` of the device while the resident
     training states (weights and moments, no gradients) stay.
     """
     r, m = plan.recipe, plan.model
@@ -52,7 +67,18 @@ def memory_estimate(plan: Plan) -> dict[str, float]:
     per_device_params = dense / p.fsdp + expert / max(p.ep, 1)
     offloaded = a.offload_policy if a.strategy == "fsdp_turbo" else a.param_offload and a.optimizer_offload
     layer_bf16 = 2 * 2 * m.total_params / max(m.num_layers, 1)  # one unsharded layer, prefetched twice
-    states = layer_bf16 if offloaded else 16 * per_device_params
+    optim = a.optim
+    states = layer_bf16 if offloaded else STATE_BYTES[optim.precision] * per_device_params
+    # FSDP/FSDP2 only: fsdp_turbo's reshard is its own (not modelled)
+    held = 0.0  # unsharded parameters or gradients kept through backward
+    unsharded = dense + expert / max(p.ep, 1)
+    if not a.reshard_after_forward and a.strategy != "fsdp_turbo":
+        held = GATHERED_BYTES * unsharded
+    micro_batches = (
+        a.ppo_mini_batch_size * r.rollout.n / plan.data_parallel_size / a.ppo_micro_batch_size_per_device
+    )
+    if a.defer_gradient_sync and a.strategy != "fsdp_turbo" and (micro_batches > 1 or a.use_dynamic_bsz):
+        held += DEFERRED_GRAD_BYTES * unsharded
     ref = (
         0.0
         if (r.ref.offload_policy or not (a.use_kl_loss or r.algorithm.use_kl_in_reward))
@@ -68,11 +94,13 @@ def memory_estimate(plan: Plan) -> dict[str, float]:
     logits = 4 * mbs * seq * m.vocab_size * (1 if a.entropy_from_logits_with_chunking else 2)
     # calibrated where measured (verl's FSDP/FSDP2 engine); fsdp_turbo's recompute path is unmeasured
     scale = ACTIVATION_CALIBRATION if a.strategy in ("fsdp", "fsdp2") else 1.0
-    backward = states + ref + scale * (activations + logits)
-    step = 0.0 if offloaded else states + ref + OPTIMIZER_STEP_BYTES * per_device_params
+    backward = states + ref + held + scale * (activations + logits)
+    temporaries = 0 if optim.precision == "bf16_sr" else STEP_BYTES[optim.implementation]
+    step = 0.0 if offloaded else states + ref + temporaries * per_device_params
     train = max(backward, step) / GIB
     rollout = 0.0
     if r.rollout.name == "vllm":
-        resident = 0.0 if offloaded else RESIDENT_BYTES * per_device_params
+        kept = RESIDENT_BYTES_BF16 if optim.precision == "bf16_sr" else RESIDENT_BYTES
+        resident = 0.0 if offloaded else kept * per_device_params
         rollout = r.rollout.gpu_memory_utilization * r.cluster.device_memory_gib + resident / GIB
     return {"train_gib": round(train, 2), "rollout_gib": round(rollout, 2)}

@@ -153,6 +153,30 @@ def _context_length(plan: Plan) -> list[str]:
     return []
 
 
+def _levers(plan: Plan) -> list[str]:
+    """The trainer levers where they were not validated (docs/trainer-levers.md)."""
+    a = plan.recipe.actor
+    problems = []
+    if a.defer_gradient_sync and a.strategy == "fsdp_turbo":
+        problems.append(
+            "actor.defer_gradient_sync is verl's FSDP/FSDP2 setting, not validated with fsdp_turbo; "
+            "set actor.strategy=fsdp2 or actor.defer_gradient_sync=false"
+        )
+    if a.optim.precision != "bf16_sr":
+        return problems
+    if a.strategy == "fsdp_turbo":
+        problems.append(
+            "actor.optim.precision=bf16_sr is validated with verl's fsdp/fsdp2 engines only; "
+            "set actor.strategy=fsdp2 or actor.optim.precision=fp32"
+        )
+    if a.offload_policy or a.param_offload or a.optimizer_offload:
+        problems.append(
+            "actor.optim.precision=bf16_sr with offload: torchao's compiled step would run on the host, "
+            "which was never validated; set actor.offload_policy/param_offload/optimizer_offload=false"
+        )
+    return problems
+
+
 def _memory(plan: Plan) -> list[str]:
     estimate = memory_estimate(plan)
     limit = plan.recipe.cluster.device_memory_gib
@@ -175,4 +199,5 @@ PLAN_CHECKS: list[Callable[[Plan], list[str]]] = [
     _context_length,
     _memory,
     _vllm_on_cpu,
+    _levers,
 ]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from engine.recipes.levers import LEVERS, lever_names, lever_sets
+
 DEVICES = ("gpu", "npu", "cpu")
 
 
@@ -27,3 +29,19 @@ def add_recipe_args(
         metavar="KEY=VALUE",
         help="override a recipe field by dotted path, e.g. parallel.ep=4 (repeatable)",
     )
+    parser.add_argument(
+        "--levers",
+        dest="sets",
+        action=_LeverSets,
+        metavar="NAME[,NAME]",
+        help="opt-in trainer-speed settings, as the --set items they stand for, in command-line order with "
+        f"--set (later wins): {', '.join(LEVERS)} (docs/trainer-levers.md)",
+    )
+
+
+class _LeverSets(argparse.Action):
+    """`--levers fast` appends the lever's --set items where it stands: what run.json records is the sets."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values, option=None):
+        sets = list(getattr(namespace, self.dest, None) or [])
+        setattr(namespace, self.dest, sets + lever_sets(lever_names(str(values))))

@@ -19,6 +19,7 @@ from typing import Any
 
 from engine.errors import UserError
 from engine.recipes.hydra import Override
+from engine.recipes.levers import optimizer_keys
 from engine.recipes.models import Family, ModelSpec, lookup
 from engine.recipes.schema import Recipe
 
@@ -176,9 +177,10 @@ def _turbo_cp(family: Family, role: str) -> list[Override]:
 
 def _actor(r: Recipe, family: Family) -> list[Override]:
     a, actor = r.actor, f"{ARF}.actor"
+    levers = optimizer_keys(a.optim)  # opt-in trainer levers; nothing at their defaults
     entries = [
         Override(f"{actor}.optim.lr", a.optim.lr),
-        Override(f"{actor}.optim.optimizer", a.optim.optimizer),
+        Override(f"{actor}.optim.optimizer", levers.pop("optim.optimizer", a.optim.optimizer)),
         Override(f"{actor}.ppo_mini_batch_size", a.ppo_mini_batch_size),
         Override(f"{actor}.ppo_micro_batch_size_per_gpu", a.ppo_micro_batch_size_per_device),
         Override(f"{actor}.use_kl_loss", a.use_kl_loss),
@@ -199,6 +201,9 @@ def _actor(r: Recipe, family: Family) -> list[Override]:
         Override(f"{actor}.fsdp_config.param_offload", a.param_offload),
         Override(f"{actor}.fsdp_config.optimizer_offload", a.optimizer_offload),
     ]
+    if a.defer_gradient_sync:
+        entries.append(Override(f"{actor}.fsdp_config.use_no_sync_for_gradient_accumulation", True))
+    entries += [Override(f"{actor}.{key}", value) for key, value in levers.items()]
     if a.strategy != "fsdp_turbo":
         entries.append(Override(f"{actor}.fsdp_config.fsdp_size", r.parallel.fsdp))
     if r.trainer.save_hf_model:

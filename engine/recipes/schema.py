@@ -81,6 +81,18 @@ class Algorithm(Section):
 class Optim(Section):
     lr: float = Field(gt=0, description="actor learning rate")
     optimizer: str = Field("AdamW", description="torch.optim class name used by verl")
+    implementation: Literal["default", "foreach", "fused"] = Field(
+        "default",
+        description="AdamW's kernels (override_optimizer_config): default leaves the choice to torch "
+        "(foreach on GPU/NPU, a loop per tensor on CPU); fused runs the whole update in one kernel per "
+        "group, with no fp32 temporaries (docs/trainer-levers.md)",
+    )
+    precision: Literal["fp32", "bf16_sr"] = Field(
+        "fp32",
+        description="fp32: fp32 master weights, gradients and AdamW moments (verl's default); bf16_sr: "
+        "all three in bf16 (fsdp_config.model_dtype=bf16, so FSDP gathers without an fp32->bf16 cast), "
+        "the update computed in fp32 and rounded stochastically by torchao's _AdamW (needs torchao)",
+    )
 
 
 class Actor(Section):
@@ -112,6 +124,12 @@ class Actor(Section):
     )
     entropy_checkpointing: bool = Field(
         True, description="recompute entropy in backward instead of keeping it"
+    )
+    defer_gradient_sync: bool = Field(
+        False,
+        description="keep a step's gradients unsharded over its micro-batches and reduce them once, at the "
+        "last (fsdp_config.use_no_sync_for_gradient_accumulation; verl's trainer default false): fewer "
+        "reduce-scatters and gradient casts, the unsharded gradients held meanwhile",
     )
     offload_policy: bool = Field(
         True, description="FSDP2 CPU offload; with fsdp_turbo it alone decides offload"

@@ -45,7 +45,7 @@ def test_conv1d_cpu_path_equals_torch_depthwise_conv() -> None:
 
 def _args(tmp_path: Path, **kw: object) -> argparse.Namespace:
     base = {"modes": ["plain"], "kernels": ["fla"], "gpus": 1, "batch": 4, "mbs": 4, "seq": 2048}
-    base |= {"steps": 2, "warmup": 1, "model": tmp_path, "fill": 1.0}
+    base |= {"steps": 2, "warmup": 1, "model": tmp_path, "fill": 1.0, "repeats": 1, "levers": ["baseline"]}
     return argparse.Namespace(**(base | kw))
 
 
@@ -186,3 +186,56 @@ def test_one_process_group_measures_each_shape_and_profiles_a_step(tmp_path: Pat
     assert rows[0]["flops_params"] == gpu_bench.flops_params(transformers.AutoConfig.from_pretrained(model))
     profile = next((tmp_path / "prof").glob("plain.torch.*.b2.m2.s32.*.txt")).read_text()
     assert "operator calls" in profile.splitlines()[0]
+
+
+def test_levers_multiply_the_verl_rows_only(tmp_path: Path) -> None:
+    args = _args(tmp_path, modes=["plain", "verl-packed"], kernels=["fla"], levers=["baseline", "fast"])
+    assert gpu_bench.configurations(args) == [
+        ("fla", "plain", "baseline"),
+        ("fla", "verl-packed", "baseline"),
+        ("fla", "verl-packed", "fast"),
+    ]
+
+
+def test_summary_takes_medians_spread_and_the_largest_peak() -> None:
+    row = {"model": "m", "mode": "verl-packed", "kernels": "fla", "levers": "fast", "logprobs": "chunked"}
+    row |= {"gpus": 1, "batch": 4, "mbs": 4, "seq": 2048, "fill": 1.0}
+    reps = [
+        row | {"tokens_per_s": t, "step_ms": 8192e3 / t, "mfu": t / 1e5, "peak_alloc_gib": p}
+        for t, p in ((20000.0, 40.0), (25000.0, 40.5), (21000.0, 40.0))
+    ]
+    failed = row | {"error": "timeout after 900 s"}
+    [summary] = gpu_bench.summarize([*reps, failed])
+    assert (summary["repeats"], summary["failed"]) == (3, 1)
+    assert summary["tokens_per_s"] == 21000.0 and summary["spread"] == round(5000 / 21000, 4)
+    assert summary["peak_alloc_gib"] == 40.5 and summary["mfu"] == 0.21
+    table = gpu_bench.summary_table([summary])
+    assert "| verl-packed +fast | fla | 4/4/2048 | 3 ok, 1 failed | 21,000 | 20,000-25,000 | 23.8% |" in table
+
+
+@pytest.mark.slow
+def test_lever_rows_run_verl_engine_with_the_lever_applied(tmp_path: Path) -> None:
+    """verl's engine on the CPU (gloo, the cpu profile's environment), the small MoE: one process group per
+    lever, each row reading back what the engine ran with, and the summary over them."""
+    import json
+
+    model = random_model.make_model(tmp_path / "moe", small=True, model="Qwen3.5-35B-A3B-6L")
+    out = tmp_path / "rows.jsonl"
+    code = gpu_bench.cli_main(
+        [
+            *("run", "--model", str(model), "--modes", "verl-padded", "--kernels", "torch"),
+            *("--levers", "fast,fast-bf16", "--shapes", "2/1/32", "--steps", "1", "--warmup", "1"),
+            *("--out", str(out)),
+        ]
+    )
+    rows = {r["levers"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert code == 0 and sorted(rows) == ["fast", "fast-bf16"]
+    assert rows["fast"]["optimizer_kernel"] == "fused" and rows["fast"]["param_dtype"] == "float32"
+    assert rows["fast-bf16"]["optimizer"] == "torchao.optim.adam._AdamW"
+    assert rows["fast-bf16"]["state_dtype"] == "bfloat16"
+    assert all(
+        r["reshard_after_forward"] is False and r["model"] == "qwen3_5_moe_text 4L h64 8e"
+        for r in rows.values()
+    )
+    summary = out.with_suffix(".md").read_text()
+    assert "| verl-padded +fast-bf16 | torch | 2/1/32 | 1 ok, 0 failed |" in summary

@@ -1,0 +1,117 @@
+"""Trainer-speed levers: opt-in recipe settings, the verl keys they render, and named bundles of them.
+
+Every lever is an ordinary recipe field (so `--set` reaches it and run.json records it); this module
+names bundles of them for `--levers` and for `python -m benchmarks.gpu_bench run --levers`, and turns
+the optimizer fields into verl's keys in one place (the plan and the benchmark both use it). At their
+defaults the fields render nothing, so recipes that match upstream keep rendering what upstream does.
+What each lever changes and what it costs: docs/trainer-levers.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.errors import UserError
+from engine.recipes.schema import Optim
+
+# verl's optimizer that keeps bf16 weights and moments and writes the fp32 update back with stochastic
+# rounding (verl's build_optimizer documents it: optimizer_impl torchao.optim, _AdamW, bf16_stochastic_round).
+TORCHAO_IMPL, TORCHAO_ADAMW = "torchao.optim", "_AdamW"
+
+# name -> (recipe --set assignments, what it is for). Later names win where two set the same field.
+LEVERS: dict[str, tuple[dict[str, Any], str]] = {
+    "baseline": ({}, "verl's trainer defaults: fp32 master weights, torch's AdamW kernels, reshard, sync"),
+    "foreach": ({"actor.optim.implementation": "foreach"}, "AdamW's foreach kernels asked for explicitly"),
+    "fused": ({"actor.optim.implementation": "fused"}, "AdamW in one fused kernel: no fp32 temporaries"),
+    "no-reshard": (
+        {"actor.reshard_after_forward": False},
+        "keep the gathered bf16 parameters from forward to backward: one gather (and cast) per step, not two",
+    ),
+    "no-sync": (
+        {"actor.defer_gradient_sync": True},
+        "reduce a step's gradients once, after its last micro-batch, not after each",
+    ),
+    "bf16-sr": (
+        {"actor.optim.precision": "bf16_sr"},
+        "bf16 weights, gradients and moments, fp32 update with stochastic rounding: no cast at gather",
+    ),
+    "fast": (
+        {"actor.optim.implementation": "fused", "actor.reshard_after_forward": False},
+        "fused + no-reshard: the exact-numerics bundle for one GPU",
+    ),
+    "fast-bf16": (
+        {"actor.optim.precision": "bf16_sr", "actor.reshard_after_forward": False},
+        "bf16-sr + no-reshard: the smallest-memory, fewest-casts bundle",
+    ),
+}
+
+
+def lever_names(text: str) -> list[str]:
+    """`fused,no-reshard` -> the names, each checked; `fast+no-sync` is one name made of two levers
+    (for the benchmark, whose rows are one name each)."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [part for name in names for part in name.split("+") if part not in LEVERS]
+    if unknown or not names:
+        choices = ", ".join(LEVERS)
+        raise UserError(f"--levers {text!r}: unknown lever {unknown or text!r}; choose from {choices}")
+    return names
+
+
+def lever_sets(names: list[str]) -> list[str]:
+    """The `--set KEY=VALUE` items of the levers, in order (a later lever wins)."""
+    fields = lever_fields(names)
+    return [
+        f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, value in fields.items()
+    ]
+
+
+def lever_fields(names: list[str]) -> dict[str, Any]:
+    """Recipe field -> value of the levers together (a later one wins)."""
+    merged: dict[str, Any] = {}
+    for name in names:
+        for part in name.split("+"):
+            merged |= LEVERS[part][0]
+    return merged
+
+
+def optimizer_keys(optim: Optim) -> dict[str, Any]:
+    """verl keys under `actor_rollout_ref.actor` for the optimizer levers; empty at the defaults.
+
+    fp32 master weights: torch's AdamW, with `fused`/`foreach` passed through override_optimizer_config
+    (verl's build_optimizer sets neither). bf16_sr: the model is loaded in bf16 and torchao's _AdamW
+    updates it; torchao takes no kernel choice, so an implementation other than default is refused.
+    """
+    keys: dict[str, Any] = {}
+    if optim.precision == "bf16_sr":
+        if optim.optimizer != "AdamW" or optim.implementation != "default":
+            raise UserError(
+                f"actor.optim.precision=bf16_sr needs optimizer AdamW with implementation default "
+                f"(got {optim.optimizer}, {optim.implementation}): torchao's _AdamW has its own kernel; "
+                "set actor.optim.implementation=default"
+            )
+        keys["fsdp_config.model_dtype"] = "bf16"
+        keys["optim.optimizer_impl"] = TORCHAO_IMPL
+        keys["optim.optimizer"] = TORCHAO_ADAMW
+        keys["optim.override_optimizer_config"] = {"bf16_stochastic_round": True}
+    elif optim.implementation != "default":
+        keys["optim.override_optimizer_config"] = {optim.implementation: True}
+    return keys
+
+
+def engine_config_kwargs(names: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(FSDPEngineConfig, FSDPOptimizerConfig) keyword arguments of the levers, exactly the keys a recipe
+    with them renders: for driving verl's engine without a recipe (the benchmarks)."""
+    merged = lever_fields(names)
+    optim_fields = {
+        k.removeprefix("actor.optim."): v for k, v in merged.items() if k.startswith("actor.optim.")
+    }
+    engine: dict[str, Any] = {}
+    if "actor.reshard_after_forward" in merged:
+        engine["reshard_after_forward"] = merged["actor.reshard_after_forward"]
+    if merged.get("actor.defer_gradient_sync"):
+        engine["use_no_sync_for_gradient_accumulation"] = True
+    optimizer: dict[str, Any] = {}
+    for key, value in optimizer_keys(Optim(lr=1.0, **optim_fields)).items():
+        section, _, field = key.partition(".")
+        (engine if section == "fsdp_config" else optimizer)[field] = value
+    return engine, optimizer

@@ -1,0 +1,107 @@
+"""Regression baselines: the seeded ones are `record` over the kept H200 records; comparisons replay them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import compare
+from engine.errors import UserError
+from tests.conftest import ROOT
+
+DENSE_TAG, MOE_TAG = "qwen3_5_text 24L h1024", "qwen3_5_moe_text 6L h2048 256e"
+SEEDS = {  # baseline file -> (records it was made from, model tag of their rows)
+    "h200-2026-12-01-dense-0p8b.json": (
+        [f"docs/records/h200-vllm-2026-12-01/bench/rep{i}.jsonl" for i in (1, 2, 3)],
+        DENSE_TAG,
+    ),
+    "h200-2026-12-01-moe-35b-a3b-6l.json": (["docs/records/h200-moe-2026-12-01/bench/moe.jsonl"], MOE_TAG),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEEDS))
+def test_seeded_baselines_are_the_records_summarised(name: str) -> None:
+    committed = json.loads((compare.BASELINES / name).read_text())
+    records, tag = SEEDS[name]
+    rows = [row for path in records for row in compare.read_rows(ROOT / path, tag)]
+    meta = {k: committed[k] for k in ("date", "commit", "machine", "command", "source")}
+    assert compare.make_baseline(rows, meta) == committed
+    assert committed["source"].split() == records
+
+
+def test_the_model_tags_are_the_registry_shapes() -> None:
+    import transformers
+
+    from benchmarks.gpu_bench import model_tag
+    from engine.recipes import models
+
+    dense = transformers.AutoConfig.for_model(
+        "qwen3_5", text_config=models.lookup("Qwen3.5-0.8B").text_config()
+    )
+    cut = models.lookup("Qwen3.5-35B-A3B-6L").text_config()
+    assert model_tag(dense) == DENSE_TAG
+    assert model_tag(transformers.AutoConfig.for_model("qwen3_5_moe", text_config=cut)) == MOE_TAG
+
+
+def _run(rows: Path, *extra: str) -> tuple[int, str]:
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "benchmarks.compare", str(rows), *extra]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_one_repeat_against_the_median_of_three_names_what_moved() -> None:
+    """rep 1 of the dense record against the median of its three repeats: verl's rows 6.4% and 5.1% slower."""
+    code, out = _run(ROOT / "docs/records/h200-vllm-2026-12-01/bench/rep1.jsonl", "--model", DENSE_TAG)
+    regressed = [line for line in out.splitlines() if line.startswith("regressed")]
+    assert code == 1 and len(regressed) == 2
+    assert all("tokens_per_s" in line for line in regressed)
+    assert "mode=verl-padded" in regressed[0] and "(-6.4%, tolerance 5%" in regressed[0]
+    assert "mode=verl-packed" in regressed[1] and "(-5.1%, tolerance 5%" in regressed[1]
+
+
+def test_slower_or_larger_runs_regress_faster_or_smaller_do_not(tmp_path: Path) -> None:
+    record = compare.read_rows(ROOT / "docs/records/h200-moe-2026-12-01/bench/moe.jsonl", MOE_TAG)
+    baselines = compare.load_baselines(sorted(compare.BASELINES.glob("*.json")))
+
+    def verdicts(speed: float, memory: float) -> set[tuple[str, str]]:
+        rows = [
+            r | {"tokens_per_s": r["tokens_per_s"] * speed, "peak_alloc_gib": r["peak_alloc_gib"] * memory}
+            for r in record
+        ]
+        return {(line["figure"], line["verdict"]) for line in compare.compare(rows, baselines, 0.05, 0.01)}
+
+    assert verdicts(1.0, 1.0) == {("tokens_per_s", "within"), ("peak_alloc_gib", "within")}
+    assert verdicts(0.94, 1.0) == {("tokens_per_s", "regressed"), ("peak_alloc_gib", "within")}
+    assert verdicts(1.0, 1.02) == {("tokens_per_s", "within"), ("peak_alloc_gib", "regressed")}
+    assert verdicts(1.2, 0.5) == {("tokens_per_s", "improved"), ("peak_alloc_gib", "improved")}
+    for r in record:
+        r["model"] = "another model"
+    assert {line["verdict"] for line in compare.compare(record, baselines, 0.05, 0.01)} == {"no baseline"}
+    out = tmp_path / "run.jsonl"
+    out.write_text("".join(json.dumps(r | {"tokens_per_s": 1.0}) + "\n" for r in record))
+    assert _run(out)[0] == 0  # nothing to compare with is no regression
+
+
+def test_a_newer_baseline_wins_and_a_foreign_file_is_refused(tmp_path: Path) -> None:
+    older = json.loads((compare.BASELINES / "h200-2026-12-01-moe-35b-a3b-6l.json").read_text())
+    newer = older | {
+        "date": "2026-12-09",
+        "rows": [r | {"tokens_per_s": 2 * r["tokens_per_s"]} for r in older["rows"]],
+    }
+    (tmp_path / "old.json").write_text(json.dumps(older))
+    (tmp_path / "new.json").write_text(json.dumps(newer))
+    baselines = compare.load_baselines([tmp_path / "new.json", tmp_path / "old.json"])
+    rows = compare.read_rows(ROOT / "docs/records/h200-moe-2026-12-01/bench/moe.jsonl", MOE_TAG)
+    lines = [
+        line for line in compare.compare(rows, baselines, 0.05, 0.01) if line["figure"] == "tokens_per_s"
+    ]
+    assert {line["baseline_file"] for line in lines} == {"new.json"}
+    assert {line["verdict"] for line in lines} == {"regressed"}
+    (tmp_path / "bad.json").write_text(json.dumps({"schema": "other"}))
+    with pytest.raises(UserError, match="schema"):
+        compare.load_baselines([tmp_path / "bad.json"])

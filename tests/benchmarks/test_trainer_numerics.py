@@ -1,0 +1,81 @@
+"""The lever numerics check: its verdicts from figures, and a small real run through verl's engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import trainer_numerics as numerics
+
+
+def _rows(lever: str, losses: list[float], norms: list[float]) -> list[dict]:
+    return [
+        {"lever": lever, "step": i, "loss": lo, "grad_norm": g}
+        for i, (lo, g) in enumerate(zip(losses, norms, strict=True))
+    ]
+
+
+def test_verdicts_hold_each_lever_to_its_tolerance() -> None:
+    ref = _rows("baseline", [7.0, 6.9, 6.8], [1.0, 1.0, 1.0])
+    same = _rows("fused", [7.0, 6.9, 6.8], [1.0, 1.0, 1.0])
+    noisy = _rows("bf16-sr", [7.0, 6.905, 6.802], [1.0, 1.03, 0.98])  # within the bf16 bounds
+    stalled = _rows("bf16-rn", [7.0, 6.99, 6.98], [1.0, 1.0, 1.0])  # loss drop 0.02 of the reference's 0.2
+    off = _rows("foreach", [7.0, 6.9, 6.79], [1.0, 1.0, 1.0])  # 0.15% loss error: out for an exact lever
+    verdict = {v["lever"]: v for v in numerics.verdicts(ref + same + noisy + stalled + off)}
+    assert verdict["fused"]["within"] and verdict["fused"]["max_rel_loss"] == 0
+    assert verdict["bf16-sr"]["within"] and verdict["bf16-sr"]["tolerance"] == "bf16"
+    assert not verdict["bf16-rn"]["within"] and verdict["bf16-rn"]["drop_error"] == pytest.approx(0.9)
+    assert not verdict["foreach"]["within"]
+
+
+def test_a_reference_that_does_not_train_passes_no_lever() -> None:
+    """At upstream's lr 1e-6 24 steps move the loss by less than the batches differ: nothing to compare."""
+    ref = _rows("baseline", [7.0, 6.9999, 7.0001], [1.0, 1.0, 1.0])
+    same = _rows("fused", [7.0, 6.9999, 7.0001], [1.0, 1.0, 1.0])
+    assert not any(v["within"] or v["conclusive"] for v in numerics.verdicts(ref + same))
+
+
+def test_lever_list_puts_the_reference_first_and_checks_names() -> None:
+    assert numerics._lever_list("bf16-rn,fused") == ["baseline", "fused", "bf16-rn"]
+    from engine.errors import UserError
+
+    with pytest.raises(UserError, match="unknown lever"):
+        numerics._lever_list("fused,turbo")
+
+
+@pytest.mark.slow
+def test_levers_train_like_the_fp32_reference_and_the_control_does_not(tmp_path: Path) -> None:
+    """20 steps of the small MoE through verl's FSDP2 engine on the CPU: every lever within its stated
+    tolerance, read back as applied; bf16 weights rounded to nearest (the control) out of it."""
+    from engine.data import random_model
+
+    model = random_model.make_model(tmp_path / "moe", small=True, model="Qwen3.5-35B-A3B-6L")
+    out = tmp_path / "numerics.jsonl"
+    code = numerics.cli_main(
+        [
+            "--model",
+            str(model),
+            "--out",
+            str(out),
+            "--steps",
+            "20",
+            "--levers",
+            "fast,no-sync,bf16-sr,bf16-rn",
+        ]
+    )
+    verdicts = {r["lever"]: r for r in map(json.loads, out.read_text().splitlines()) if r.get("verdict")}
+    assert code == 0 and list(verdicts) == ["baseline", "fast", "no-sync", "bf16-sr", "bf16-rn"]
+    assert all(v["steps"] == 20 and v["conclusive"] and v["drop_step"] == 16 for v in verdicts.values())
+    assert all(verdicts[lever]["within"] for lever in ("fast", "no-sync", "bf16-sr"))
+    assert not verdicts["bf16-rn"]["within"]
+    assert verdicts["baseline"]["loss_last"] < verdicts["baseline"]["loss_first"]  # it trains
+    applied = {lever: v["applied"] for lever, v in verdicts.items()}
+    assert (
+        applied["fast"]["optimizer_kernel"] == "fused" and applied["fast"]["reshard_after_forward"] is False
+    )
+    assert applied["no-sync"]["defer_gradient_sync"] and not applied["baseline"]["defer_gradient_sync"]
+    assert applied["bf16-sr"]["optimizer"] == "torchao.optim.adam._AdamW"
+    assert applied["bf16-sr"]["param_dtype"] == applied["bf16-sr"]["state_dtype"] == "bfloat16"
+    assert applied["baseline"]["param_dtype"] == applied["baseline"]["state_dtype"] == "float32"

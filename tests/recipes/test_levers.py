@@ -1,0 +1,116 @@
+"""The trainer levers: opt-in, rendered to the verl keys verl 0.9.1 reads, and built by verl as intended."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from engine.errors import UserError
+from engine.recipes import levers, loader, plan
+from tests.conftest import ROOT
+
+# what each lever adds to (or changes in) the rendered overrides, key -> value as Hydra parses it
+EXPECTED = {
+    "baseline": {},
+    "foreach": {"actor_rollout_ref.actor.optim.override_optimizer_config": {"foreach": True}},
+    "fused": {"actor_rollout_ref.actor.optim.override_optimizer_config": {"fused": True}},
+    "no-reshard": {"actor_rollout_ref.actor.fsdp_config.reshard_after_forward": False},
+    "no-sync": {"actor_rollout_ref.actor.fsdp_config.use_no_sync_for_gradient_accumulation": True},
+    "bf16-sr": {
+        "actor_rollout_ref.actor.fsdp_config.model_dtype": "bf16",
+        "actor_rollout_ref.actor.optim.optimizer_impl": "torchao.optim",
+        "actor_rollout_ref.actor.optim.optimizer": "_AdamW",
+        "actor_rollout_ref.actor.optim.override_optimizer_config": {"bf16_stochastic_round": True},
+    },
+}
+
+
+def parsed(compiled: plan.Plan) -> dict[str, object]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(compiled.overrides)}
+
+
+@pytest.mark.parametrize(
+    "recipe,device", [("qwen35_35b", "gpu"), ("qwen35_35b_h200", "gpu"), ("tiny_cpu", "cpu")]
+)
+@pytest.mark.parametrize("lever", sorted(EXPECTED))
+def test_a_lever_renders_exactly_its_keys(recipe: str, device: str, lever: str) -> None:
+    """Nothing else moves: the diff against the recipe as shipped is the lever's keys."""
+    before = parsed(plan.compile_recipe(loader.load(recipe, device)))
+    after = parsed(plan.compile_recipe(loader.load(recipe, device, levers.lever_sets([lever]))))
+    changed = {k: v for k, v in after.items() if before.get(k, "<absent>") != v}
+    assert changed == EXPECTED[lever]
+    assert set(before) <= set(after)
+
+
+def test_bundles_are_their_parts_and_later_wins() -> None:
+    fast = levers.lever_sets(["fast"])
+    assert fast == levers.lever_sets(["fused", "no-reshard"])
+    assert levers.lever_sets(["fused", "bf16-sr"])[-1] == "actor.optim.precision=bf16_sr"
+    assert levers.lever_sets(["fast+no-sync"]) == levers.lever_sets(["fast", "no-sync"])
+    assert levers.lever_names("fast+no-sync,fused") == ["fast+no-sync", "fused"]
+    for bad in ("fused,turbo", "fast+turbo"):
+        with pytest.raises(UserError, match="unknown lever"):
+            levers.lever_names(bad)
+
+
+def test_bf16_states_refuse_a_kernel_choice_they_cannot_honour() -> None:
+    recipe = loader.load(
+        "tiny_cpu", "cpu", ["actor.optim.precision=bf16_sr", "actor.optim.implementation=fused"]
+    )
+    with pytest.raises(UserError, match="implementation=default"):
+        plan.compile_recipe(recipe)
+
+
+def test_engine_kwargs_are_the_rendered_keys() -> None:
+    """The benchmarks drive verl's engine with engine_config_kwargs: the same values a recipe renders."""
+    for name in levers.LEVERS:
+        engine, optimizer = levers.engine_config_kwargs([name])
+        rendered = parsed(plan.compile_recipe(loader.load("tiny_cpu", "cpu", levers.lever_sets([name]))))
+        actor = "actor_rollout_ref.actor"
+        for key, value in engine.items():
+            assert rendered[f"{actor}.fsdp_config.{key}"] == value
+        for key, value in optimizer.items():
+            assert rendered[f"{actor}.optim.{key}"] == value
+
+
+@pytest.mark.parametrize("lever", ["fused", "foreach", "bf16-sr"])
+def test_verl_builds_the_optimizer_each_lever_names(lever: str) -> None:
+    """verl's own config composition and build_optimizer, from the rendered overrides."""
+    torch = pytest.importorskip("torch")
+    verl = pytest.importorskip("verl")
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config.optimizer import build_optimizer
+
+    compiled = plan.compile_recipe(loader.load("tiny_cpu", "cpu", levers.lever_sets([lever])))
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=compiled.overrides)
+    actor = cfg.actor_rollout_ref.actor
+    dtype = torch.bfloat16 if actor.fsdp_config.model_dtype == "bf16" else torch.float32
+    params = [torch.nn.Parameter(torch.zeros(64, 64, dtype=dtype))]
+    optimizer = build_optimizer(params, omega_conf_to_dataclass(actor.optim))
+    if lever == "bf16-sr":
+        assert type(optimizer).__module__.startswith("torchao.optim") and optimizer.bf16_stochastic_round
+        assert dtype == torch.bfloat16
+    else:
+        assert type(optimizer) is torch.optim.AdamW and optimizer.defaults[lever] is True
+
+
+def test_cli_levers_expand_to_sets_in_order() -> None:
+    def render(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "engine", "render", "tiny_cpu", "--format", "overrides", *args]
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+
+    fast = render("--levers", "fast").stdout
+    assert "actor_rollout_ref.actor.optim.override_optimizer_config={fused:True}" in fast.splitlines()
+    assert "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=False" in fast.splitlines()
+    overruled = render("--levers", "fast", "--set", "actor.reshard_after_forward=true").stdout
+    assert "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=True" in overruled.splitlines()
+    bad = render("--levers", "warp")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --levers 'warp'")
