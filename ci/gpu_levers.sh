@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The trainer levers on one GPU, unattended (docs/trainer-levers.md, "The GPU run"): install the carried
+# The trainer levers on one GPU, unattended (docs/reference/trainer-levers.md, "The GPU run"): install the carried
 # wheelhouses, build the random-init models, bench each lever (one process group per lever and repeat),
 # compare with the regression baselines, check the levers' numerics on the GPU. Every stage logs to OUT
 # and appends "NAME exit CODE TIME" to OUT/stages.txt; a failed stage does not stop the next.

@@ -19,8 +19,8 @@ ACTIVATION_CALIBRATION = 1.8
 # 35B-A3B shape at 6 layers peaks at 115.01 GiB = 20 B x 6.17 B parameters at every batch shape, above
 # its backward peak (docs/reference/performance.md); for the dense 0.8B the activations peak higher.
 OPTIMIZER_STEP_BYTES = 4
-# The trainer levers (engine.recipes.levers; not yet measured on a GPU, docs/trainer-levers.md): fused
-# AdamW updates in place (no temporaries); torchao's compiled bf16 step reads and writes each tensor in
+# The trainer levers (engine.recipes.levers; not yet measured on a GPU, docs/reference/trainer-levers.md):
+# fused AdamW updates in place (no temporaries); torchao's compiled bf16 step reads and writes each tensor in
 # one generated kernel (none either). bf16_sr keeps weights and gradients (2 B each) and both moments
 # (2 B each) in bf16: 8 B per parameter instead of 16, 6 resident instead of 12.
 STEP_BYTES = {"default": OPTIMIZER_STEP_BYTES, "foreach": OPTIMIZER_STEP_BYTES, "fused": 0}

@@ -154,7 +154,7 @@ def _context_length(plan: Plan) -> list[str]:
 
 
 def _levers(plan: Plan) -> list[str]:
-    """The trainer levers where they were not validated (docs/trainer-levers.md)."""
+    """The trainer levers where they were not validated (docs/reference/trainer-levers.md)."""
     a = plan.recipe.actor
     problems = []
     if a.defer_gradient_sync and a.strategy == "fsdp_turbo":

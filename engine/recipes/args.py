@@ -35,7 +35,7 @@ def add_recipe_args(
         action=_LeverSets,
         metavar="NAME[,NAME]",
         help="opt-in trainer-speed settings, as the --set items they stand for, in command-line order with "
-        f"--set (later wins): {', '.join(LEVERS)} (docs/trainer-levers.md)",
+        f"--set (later wins): {', '.join(LEVERS)} (docs/reference/trainer-levers.md)",
     )
 
 

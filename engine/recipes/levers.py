@@ -4,7 +4,7 @@ Every lever is an ordinary recipe field (so `--set` reaches it and run.json reco
 names bundles of them for `--levers` and for `python -m benchmarks.gpu_bench run --levers`, and turns
 the optimizer fields into verl's keys in one place (the plan and the benchmark both use it). At their
 defaults the fields render nothing, so recipes that match upstream keep rendering what upstream does.
-What each lever changes and what it costs: docs/trainer-levers.md.
+What each lever changes and what it costs: docs/reference/trainer-levers.md.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ class Optim(Section):
         "default",
         description="AdamW's kernels (override_optimizer_config): default leaves the choice to torch "
         "(foreach on GPU/NPU, a loop per tensor on CPU); fused runs the whole update in one kernel per "
-        "group, with no fp32 temporaries (docs/trainer-levers.md)",
+        "group, with no fp32 temporaries (docs/reference/trainer-levers.md)",
     )
     precision: Literal["fp32", "bf16_sr"] = Field(
         "fp32",
