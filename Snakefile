@@ -32,6 +32,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/export.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/bench.smk"
 
 
 rule smoke_cpu:
@@ -62,6 +63,11 @@ rule ci_smoke_gpu:
 rule ci_smoke_npu:
     input:
         lambda wc: targets(recipe_of("ci_smoke_npu")),
+
+
+rule bench_levers:
+    input:
+        lambda wc: bench_targets(),
 
 
 rule run:

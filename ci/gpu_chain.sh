@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# A workflow target on a GPU machine without a package index (docs/guide/workflow.md, "One H200"): install the
-# carried wheelhouses (engine wheelhouse build; docs/reference/containers.md), check the imports, run Snakemake.
-# Usage: ci/gpu_chain.sh WHEELHOUSE... -- SNAKEMAKE_ARGS, e.g.
+# Workflow targets on a GPU machine without a package index (docs/guide/workflow.md): install the carried
+# wheelhouses (engine wheelhouse build), check the imports, run Snakemake. ci/gpu_chain.sh WHEELHOUSE... -- ARGS:
 #   ci/gpu_chain.sh wh-gpu wh-workflow -- --profile profiles/h200 run_qwen35_35b
+#   ci/gpu_chain.sh wh-gpu wh-workflow wh-levers -- --profile profiles/h200 bench_levers
 set -euo pipefail
 site=${SITE:-/tmp/site}
 until [ "${1:---}" = -- ]; do python3 -m engine wheelhouse install "$1" --target "$site"; shift; done
 shift
 export PYTHONPATH=$site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/results/triton-cache}  # the smoke warms it for the run
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$PWD/results/inductor-cache}  # torchao's step
 mkdir -p results
 python3 -m engine check-imports --site "$site" --out results/imports.json
 exec python3 -m snakemake "$@"

@@ -168,6 +168,26 @@ def test_cpu_chain_builds_the_tiny_assets_it_trains_on(scratch: Path) -> None:
     assert "tiny_assets" in jobs and "results/assets" in jobs["smoke"].split("output:")[0]
 
 
+def test_bench_levers_runs_every_configured_stage_and_compares_it(scratch: Path) -> None:
+    """The trainer benchmarks as workflow jobs: one bench-gpu run per configured stage on the models the
+    workflow builds, the numerics check, and each stage against its regression baseline."""
+    proc = snakemake(scratch, "-n", "-p", "--profile", "profiles/h200", "bench_levers")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    counts = job_counts(proc.stdout)
+    assert (
+        counts["bench_trainer"] == 3 and counts["compare_baseline"] == 3 and counts["trainer_numerics"] == 1
+    )
+    assert counts["random_model"] == 2
+    commands = [line for line in proc.stdout.splitlines() if "benchmarks.gpu_bench run" in line]
+    moe = next(c for c in commands if "--out results/bench/moe.jsonl" in c)
+    assert "--model results/models/Qwen3.5-35B-A3B-6L" in moe and "--repeats 3" in moe
+    assert "--levers baseline,fused,no-reshard,no-sync,bf16-sr,fast,fast-bf16+no-sync" in moe
+    one = snakemake(scratch, "-n", "bench_levers", "--config", "bench_stages=[moe]", "small_models=true")
+    assert one.returncode == 0 and job_counts(one.stdout)["bench_trainer"] == 1, one.stderr[-2000:]
+    bad = snakemake(scratch, "-n", "bench_levers", "--config", "bench_stages=[moe,gpt]")
+    assert bad.returncode != 0 and "error: --config bench_stages: ['gpt'] not in bench.stages" in bad.stderr
+
+
 def test_run_target_needs_a_recipe(scratch: Path) -> None:
     proc = snakemake(scratch, "-n", "run")
     assert proc.returncode != 0 and "error: the run target needs --config recipe=NAME" in proc.stderr

@@ -20,6 +20,7 @@ from engine.run import rundir as engine_rundir
 
 # every path of a recipe's chain, as the rules' patterns (engine.records.chain names them once)
 CHAIN = ChainDir.of("{recipe}")
+BENCH = RESULTS / "bench"  # the trainer benchmarks (workflow/rules/bench.smk)
 
 try:
     RECIPES = dict(engine_recipe.list_recipes())
@@ -236,6 +237,11 @@ def image(wildcards):
     return config["containers"][resolved(name)[1] if name else "cpu"]
 
 
+def gpu_image(wildcards):
+    """The pinned GPU image: the trainer benchmarks measure the GPU stack."""
+    return config["containers"]["gpu"]
+
+
 def dataset_args(wildcards):
     recipe, _ = resolved(wildcards.recipe)
     dataset = recipe.data.dataset
@@ -270,6 +276,43 @@ def drift_flags(wildcards):
     if not config["drift"] or built is None:
         return ""
     return f"--drift {shlex.quote(built)} {ChainDir.of(wildcards.recipe).export.path}"
+
+
+def bench_args(stage):
+    """`benchmarks.gpu_bench run` options of one configured stage."""
+    bench, spec = config["bench"], config["bench"]["stages"][stage]
+    args = [
+        "--modes",
+        spec["modes"],
+        "--shapes",
+        spec["shapes"],
+        "--levers",
+        spec["levers"],
+    ]
+    args += [
+        "--kernels",
+        bench["kernels"],
+        "--steps",
+        bench["steps"],
+        "--repeats",
+        bench["repeats"],
+    ]
+    return shlex.join(str(a) for a in args)
+
+
+def bench_targets():
+    stages = config["bench_stages"] or [*config["bench"]["stages"], "numerics"]
+    unknown = [
+        s for s in stages if s != "numerics" and s not in config["bench"]["stages"]
+    ]
+    if unknown:
+        fail(
+            f"--config bench_stages: {unknown} not in bench.stages ({', '.join(config['bench']['stages'])})"
+        )
+    return [
+        BENCH / ("numerics.jsonl" if s == "numerics" else f"compare-{s}.json")
+        for s in stages
+    ]
 
 
 def targets(name):

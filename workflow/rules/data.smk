@@ -46,7 +46,8 @@ rule random_model:
         image
     params:
         seed=config["synthetic_seed"],
+        small=" --small" if config["small_models"] else "",
         python=python(),
     shell:
-        "{params.python} -m engine make-model --model {wildcards.model} --seed {params.seed} "
+        "{params.python} -m engine make-model --model {wildcards.model} --seed {params.seed}{params.small} "
         "--out {output} > {log} 2>&1"
