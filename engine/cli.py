@@ -13,7 +13,6 @@ import sys
 from collections.abc import Callable, Sequence
 
 from engine.errors import ArgumentParser, boundary
-from engine.recipes.args import add_recipe_args
 
 # command -> (module:function taking argv and returning an exit code, one-line help)
 DELEGATED: dict[str, tuple[str, str]] = {
@@ -55,6 +54,9 @@ DELEGATED: dict[str, tuple[str, str]] = {
 
 
 def _parser() -> argparse.ArgumentParser:
+    # here, not at the top: delegated commands (wheelhouse install on a bare machine) need no pydantic
+    from engine.recipes.args import add_recipe_args
+
     parser = ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("list", help="recipes with one-line descriptions")

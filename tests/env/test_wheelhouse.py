@@ -12,6 +12,7 @@ import pytest
 from engine.env import wheelhouse
 from engine.errors import UserError
 from engine.hashing import sha256_file
+from tests.conftest import ROOT
 
 
 def test_parse_pins_reads_hashed_lock_and_refuses_ranges() -> None:
@@ -113,3 +114,25 @@ def test_lock_hashes_only_and_version_aware_skip(tmp_path: Path) -> None:
         wheelhouse.cli_main(
             ["build", "--out", str(tmp_path / "w"), "-r", str(lock), "--only", str(bad.parent / "o2")]
         )
+
+
+def test_install_runs_where_the_project_stack_is_absent(tmp_path: Path) -> None:
+    """`python -m engine wheelhouse install` is the first command on a bare GPU machine: it must not
+    import what the wheelhouse is about to bring (the machine's image has torch, PyYAML, rich and
+    packaging, containers/targets/h200.freeze.txt, but not the recipe stack)."""
+    import subprocess
+    import sys
+
+    house, target = _house(tmp_path, 50_000, 20_000), tmp_path / "s"
+    absent = ["pydantic", "omegaconf", "hydra", "verl", "ray", "vllm", "snakemake"]
+    image = (ROOT / "containers/targets/h200.freeze.txt").read_text().lower()
+    assert not [name for name in absent if f"\n{name}==" in f"\n{image}"]
+    code = (
+        "import runpy, sys\n"
+        f"for name in {absent!r}:\n    sys.modules[name] = None\n"
+        f"sys.argv = ['engine', 'wheelhouse', 'install', {str(house)!r}, '--target', {str(target)!r}]\n"
+        "runpy.run_module('engine', run_name='__main__')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (target / "demo" / "__init__.py").exists()
