@@ -27,10 +27,10 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return workflow_copy(tmp_path_factory.mktemp("workflow"))
 
 
-def snakemake(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def snakemake(work: Path, *args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [str(SNAKEMAKE), *args], cwd=work, env=env, capture_output=True, text=True, timeout=120
+        [str(SNAKEMAKE), *args], cwd=work, env=env, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -186,6 +186,35 @@ def test_bench_levers_runs_every_configured_stage_and_compares_it(scratch: Path)
     assert one.returncode == 0 and job_counts(one.stdout)["bench_trainer"] == 1, one.stderr[-2000:]
     bad = snakemake(scratch, "-n", "bench_levers", "--config", "bench_stages=[moe,gpt]")
     assert bad.returncode != 0 and "error: --config bench_stages: ['gpt'] not in bench.stages" in bad.stderr
+
+
+# the GPU benchmark rules at tiny widths on the CPU: the same jobs and commands, torch kernels, one step
+TINY_BENCH = """
+bench:
+  kernels: torch
+  steps: 1
+  repeats: 1
+  stages:
+    moe-padded: {model: Qwen3.5-35B-A3B-6L, modes: verl-padded, shapes: 2/2/32, levers: fast-bf16}
+"""
+
+
+def test_bench_levers_runs_on_the_cpu_at_tiny_widths(tmp_path: Path) -> None:
+    """The benchmark rules for real (not a dry run): the model the workflow builds, a bench-gpu row that
+    reads back the configured lever as applied, the comparison with the baselines written."""
+    work = workflow_copy(tmp_path)
+    (work / "tiny-bench.yaml").write_text(TINY_BENCH)
+    args = ["bench_levers", "--cores", "2", "--configfile", "tiny-bench.yaml"]
+    args += ["--config", "small_models=true", "bench_stages=[moe-padded]"]
+    proc = snakemake(work, *args, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (work / "results/bench/moe-padded.jsonl").read_text().splitlines()]
+    assert [(r["levers"], r["param_dtype"], r["state_dtype"], r["reshard_after_forward"]) for r in rows] == [
+        ("fast-bf16", "bfloat16", "bfloat16", False)
+    ]
+    assert all(r["model"].startswith("qwen3_5_moe_text") and r["tokens_per_s"] > 0 for r in rows)
+    compared = json.loads((work / "results/bench/compare-moe-padded.json").read_text())
+    assert len(compared) == 1 and not compared[0]["regression"]
 
 
 def test_run_target_needs_a_recipe(scratch: Path) -> None:
