@@ -279,25 +279,11 @@ def drift_flags(wildcards):
 
 
 def bench_args(stage):
-    """`benchmarks.gpu_bench run` options of one configured stage."""
+    """`benchmarks.gpu_bench run` options of one configured stage (its rows, the shared repeat settings)."""
     bench, spec = config["bench"], config["bench"]["stages"][stage]
-    args = [
-        "--modes",
-        spec["modes"],
-        "--shapes",
-        spec["shapes"],
-        "--levers",
-        spec["levers"],
-    ]
-    args += [
-        "--kernels",
-        bench["kernels"],
-        "--steps",
-        bench["steps"],
-        "--repeats",
-        bench["repeats"],
-    ]
-    return shlex.join(str(a) for a in args)
+    options = {k: spec[k] for k in ("modes", "shapes", "levers")}
+    options |= {k: bench[k] for k in ("kernels", "steps", "repeats")}
+    return shlex.join(str(a) for k, v in options.items() for a in (f"--{k}", v))
 
 
 def bench_targets():
