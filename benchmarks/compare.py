@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_bench import CONFIG_KEYS, summarize
-from engine import errors, fsutil
+from engine import bounds, errors, fsutil
 from engine.errors import ArgumentParser, UserError
 
 BASELINES = Path(__file__).parent / "baselines"
@@ -86,7 +86,13 @@ def compare(
             continue
         doc, base = latest[key_of(new)]
         for figure, tolerance, worse in (("tokens_per_s", throughput, -1), ("peak_alloc_gib", memory, 1)):
-            change = new[figure] / base[figure] - 1
+            was, now = bounds.finite(base.get(figure)), bounds.finite(new.get(figure))
+            if now is None or not was:  # a NaN figure regressed; a zero baseline (CPU peak) has no ratio
+                verdict = "regressed" if now is None else "no baseline"
+                lines.append({"config": name, "figure": figure, "baseline": was, "new": new.get(figure)})
+                lines[-1] |= {"verdict": verdict, "regression": now is None}
+                continue
+            change = now / was - 1
             moved = abs(change) > tolerance
             regression = moved and change * worse > 0
             verdict = ("regressed" if regression else "improved") if moved else "within"

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from engine import errors, fsutil
+from engine import bounds, errors, fsutil
 from engine.errors import ArgumentParser, UserError
 from engine.recipes.levers import lever_fields, lever_names
 
@@ -96,7 +97,11 @@ def train_lever(args: argparse.Namespace, lever: str) -> list[dict[str, Any]]:
 
 
 def _relative(a: float, b: float) -> float:
-    return abs(a - b) / abs(b) if b else abs(a - b)
+    """|a - b| relative to b; infinity where either is not finite (a NaN loss can never pass)."""
+    x, y = bounds.finite(a), bounds.finite(b)
+    if x is None or y is None:
+        return math.inf
+    return abs(x - y) / abs(y) if y else abs(x - y)
 
 
 def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -121,7 +126,7 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 _relative(s["grad_norm"], r["grad_norm"]) for s, r in zip(steps, ref, strict=True)
             ),
         }
-        within = conclusive and all(figures[k] <= TOLERANCE[kind][k] for k in figures)
+        within = conclusive and all(bounds.at_most(figures[k], TOLERANCE[kind][k]) for k in figures)
         out.append(
             {"lever": lever, "tolerance": kind, "steps": len(steps)}
             | {f"max_rel_{k}" if k != "drop" else "drop_error": round(v, 6) for k, v in figures.items()}
@@ -206,6 +211,7 @@ def cli_main(argv: list[str]) -> int:
     if not (args.model / "config.json").is_file():
         raise UserError(f"--model {args.model}: no config.json; write one with `python -m engine make-model`")
     args.out = fsutil.check_out_file(args.out)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
     cmd += ["-m", "benchmarks.trainer_numerics", *argv, "--out", str(args.out), "--worker"]
     log = args.out.with_suffix(".group.log")  # the process group's output (a caller may log to OUT.log)

@@ -79,6 +79,7 @@ def test_slower_or_larger_runs_regress_faster_or_smaller_do_not(tmp_path: Path) 
     assert verdicts(0.94, 1.0) == {("tokens_per_s", "regressed"), ("peak_alloc_gib", "within")}
     assert verdicts(1.0, 1.02) == {("tokens_per_s", "within"), ("peak_alloc_gib", "regressed")}
     assert verdicts(1.2, 0.5) == {("tokens_per_s", "improved"), ("peak_alloc_gib", "improved")}
+    assert verdicts(float("nan"), 1.0) == {("tokens_per_s", "regressed"), ("peak_alloc_gib", "within")}
     for r in record:
         r["model"] = "another model"
     assert {line["verdict"] for line in compare.compare(record, baselines, 0.05, 0.01)} == {"no baseline"}

@@ -23,11 +23,13 @@ def test_verdicts_hold_each_lever_to_its_tolerance() -> None:
     noisy = _rows("bf16-sr", [7.0, 6.905, 6.802], [1.0, 1.03, 0.98])  # within the bf16 bounds
     stalled = _rows("bf16-rn", [7.0, 6.99, 6.98], [1.0, 1.0, 1.0])  # loss drop 0.02 of the reference's 0.2
     off = _rows("foreach", [7.0, 6.9, 6.79], [1.0, 1.0, 1.0])  # 0.15% loss error: out for an exact lever
-    verdict = {v["lever"]: v for v in numerics.verdicts(ref + same + noisy + stalled + off)}
+    nan = _rows("no-sync", [7.0, float("nan"), 6.8], [1.0, 1.0, float("inf")])  # not first: max() skips it
+    verdict = {v["lever"]: v for v in numerics.verdicts(ref + same + noisy + stalled + off + nan)}
     assert verdict["fused"]["within"] and verdict["fused"]["max_rel_loss"] == 0
     assert verdict["bf16-sr"]["within"] and verdict["bf16-sr"]["tolerance"] == "bf16"
     assert not verdict["bf16-rn"]["within"] and verdict["bf16-rn"]["drop_error"] == pytest.approx(0.9)
     assert not verdict["foreach"]["within"]
+    assert not verdict["no-sync"]["within"] and verdict["no-sync"]["max_rel_loss"] == float("inf")
 
 
 def test_a_reference_that_does_not_train_passes_no_lever() -> None:
