@@ -32,7 +32,7 @@ from pathlib import Path
 from engine import fsutil
 from engine.errors import TIMED_OUT, ArgumentParser, UserError, WaitTimeout
 from engine.recipes.args import add_recipe_args
-from engine.run import rundir
+from engine.run import rundir, watch
 
 BASE_PORT = 6379
 # Ray's defaults, raised: on a loaded host the dashboard agent can take longer than the 30 s the raylet
@@ -43,7 +43,7 @@ RAY_START_ENV = {"RAY_agent_register_timeout_ms": "300000"}
 # ("The current node timed out during startup", seen at load 20-30 on 2 cores) and it exits 1, having
 # stopped what it started (--block). Each node's step starts it again, twice at most; a signal (the
 # cleanup, scancel) reaches it and ends the step instead.
-RESTARTS = 2
+RESTARTS = watch.RAY_START_ATTEMPTS - 1  # as many starts as a single-node launch gives Ray
 RESTART_WRAPPER = (
     'stop() { kill "$pid" 2>/dev/null; wait "$pid"; exit 143; }; trap stop TERM INT; '
     f"for attempt in $(seq {RESTARTS + 1}); do "

@@ -153,12 +153,18 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def publish_attempt(stage: Path, out: Path, logged_steps: bool) -> Path:
+def moved_on(rows: list[dict[str, Any]], saved: int, saved_before: int) -> bool:
+    """Whether an attempt moved the run on: it logged a step, or verl saved past the earlier checkpoint
+    (its metrics went elsewhere), so the earlier record no longer describes the checkpoints."""
+    return bool(rows) or saved > saved_before
+
+
+def publish_attempt(stage: Path, out: Path, moved: bool) -> Path:
     """Where this attempt's files go: over the run's files once it trained a step (the checkpoints moved
     on, so the earlier record describes nothing any more). An attempt that trained nothing replaces
     nothing: its files fill only the names the run lacks (run.json after Snakemake removed it) and the
     rest go to LAST_ATTEMPT, so the earlier run's files and the record over them stay intact."""
-    if logged_steps:
+    if moved:
         fsutil.move_into(stage, out, last=(rundir.RECORD,))
         return out
     fsutil.move_into(stage, out, last=(rundir.RECORD,), missing_only=True)
@@ -279,13 +285,15 @@ def run_main(argv: list[str]) -> int:
                 if attempt == watch.RAY_START_ATTEMPTS or code == 0 or not watch.ray_start_timed_out(log):
                     break
                 console.print("Ray's node did not come up within its fixed 30 s (overloaded?); retrying")
-    except BaseException:  # interrupted: keep what the attempt logged, by the same rule
-        publish_attempt(stage, out, bool(read_metrics(metrics)))
+    except BaseException:  # interrupted: publish by the same rule as a finished attempt
+        logged, saved = read_metrics(metrics), layout.saved_step(checkpoints)
+        publish_attempt(stage, out, moved_on(logged, saved, saved_before))
         raise
     rows = read_metrics(metrics)
     saved = layout.saved_step(checkpoints)
     kind = (r.cluster.device, r.name, p.model.moe)
-    verdict = judge(code, rows, earlier, total, (saved_before, saved), staged.metrics_problem(), kind, fault)
+    problem = None if rows else staged.metrics_problem()  # why no row: judge reads it only then
+    verdict = judge(code, rows, earlier, total, (saved_before, saved), problem, kind, fault)
     command = verl_command(p, RunDir(out).metrics)  # as run, with the path the metrics are published at
     record = RunRecord(
         recipe=r.name,
@@ -311,7 +319,7 @@ def run_main(argv: list[str]) -> int:
         error=verdict.error,
     )
     _write_scrubbed(staged.record, record.to_json())
-    where = publish_attempt(stage, out, bool(rows) or saved > saved_before)
+    where = publish_attempt(stage, out, moved_on(rows, saved, saved_before))
     if where != out:
         console.print(
             f"this attempt trained no step: the earlier run's files in {out} are kept; its own are in {where}"

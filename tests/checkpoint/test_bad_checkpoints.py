@@ -255,20 +255,20 @@ def _stage(out: Path, tag: str) -> Path:
 def test_an_attempt_that_trained_nothing_keeps_the_earlier_run(tmp_path: Path) -> None:
     out = _run_dir(tmp_path / "run")
     before = snapshot(out)
-    where = launcher.publish_attempt(_stage(out, "idle"), out, logged_steps=False)
+    where = launcher.publish_attempt(_stage(out, "idle"), out, moved=False)
     assert where == out / rundir.LAST_ATTEMPT
     assert {k: v for k, v in snapshot(out).items() if not k.startswith(rundir.LAST_ATTEMPT)} == before
     assert (where / "train.log").read_text() == "idle train.log\n"
-    assert launcher.publish_attempt(_stage(out, "trained"), out, logged_steps=True) == out  # replaces
+    assert launcher.publish_attempt(_stage(out, "trained"), out, moved=True) == out  # replaces
     assert (out / "metrics.jsonl").read_text() == "trained metrics.jsonl\n"
     assert not list(out.glob(".attempt*"))
     (out / "run.json").unlink()  # Snakemake removes a job's output before it runs the job again
-    assert launcher.publish_attempt(_stage(out, "resumed"), out, logged_steps=False) == out / "last-attempt"
+    assert launcher.publish_attempt(_stage(out, "resumed"), out, moved=False) == out / "last-attempt"
     assert (out / "run.json").read_text() == "resumed run.json\n"  # fills the gap, replaces nothing
     assert (out / "metrics.jsonl").read_text() == "trained metrics.jsonl\n"
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    assert launcher.publish_attempt(_stage(fresh, "first"), fresh, logged_steps=False) == fresh
+    assert launcher.publish_attempt(_stage(fresh, "first"), fresh, moved=False) == fresh
     assert sorted(p.name for p in fresh.iterdir()) == sorted(rundir.FILES)
 
 
