@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from engine import fsutil, paths
+from engine import bounds, fsutil, paths
 from engine.checkpoint.layout import ExportDir
 from engine.errors import ArgumentParser, UserError
 from engine.recipes import loader, models
@@ -88,8 +88,10 @@ def _peak(values: list[Any]) -> float | None:
     return round(max(numbers), 3) if numbers else None
 
 
-def _run_stage(kind: str, folder: Path, rel: str) -> tuple[Stage, dict[str, Any]]:
-    """A GRPO run's stage: gates replayed on its metrics; for a control, whether its gate caught it."""
+def _run_stage(kind: str, folder: Path, rel: str, fault: str | None) -> tuple[Stage, dict[str, Any]]:
+    """A GRPO run's stage: gates replayed on its metrics; for a control, whether its gate caught the
+    fault its record names (`fault`: the card's word for records older than the field). A run that did
+    not reach its target step fails whatever its gates say."""
     run = RunDir(folder)
     recipe = fsutil.read_yaml(run.recipe, "recipe", "keep recipe.yaml with the record")
     rows = run.read_metrics()
@@ -98,12 +100,16 @@ def _run_stage(kind: str, folder: Path, rel: str) -> tuple[Stage, dict[str, Any]
     moe = models.lookup(str(recipe["model"]["name"])).moe
     checks = gates.evaluate(rows, str(recipe["cluster"]["device"]), str(recipe["name"]), moe=moe)
     recorded = next((p for p in (run.record, run.failed_record) if p.is_file()), None)
-    was = RunRecord.read(recorded, unversioned=True).status if recorded else None
+    record = RunRecord.read(recorded, unversioned=True) if recorded else None
+    was = record.status if record else None
+    finished = max(int(row["step"]) for row in rows) >= int(recipe["trainer"]["total_training_steps"])
     if kind == "control":
-        fault = "no_weight_sync"
-        ok = gates.caught(checks, fault)
+        fault = (record and (record.fault or (record.control and record.control.fault))) or fault
+        if not fault:
+            raise UserError(f"{folder}: its record names no fault; name it in the card (fault: NAME)")
+        ok = finished and gates.caught(checks, fault)
     else:
-        ok = not gates.failed(checks)
+        ok = finished and not gates.failed(checks)
     steps = [row.get("data", {}) for row in rows]
     later = steps[1:] or steps  # step 1 holds compilation and autotuning
     peak = devices.peak_memory_mib(run.gpu_memory)
@@ -135,9 +141,7 @@ def _export_stage(folder: Path, rel: str) -> Stage:
     same = logits.get("max_abs_diff_same_weights")
     figures = {"keys": structure.get("keys"), "expert_keys": structure.get("expert_keys")}
     figures |= {"dtype": structure.get("dtype"), "logits_max_abs_diff_same_weights": same}
-    ok = bool(structure) and (
-        not logits or (isinstance(same, int | float) and same <= logits["atol_same_weights"])
-    )
+    ok = bool(structure) and (not logits or bounds.at_most(same, logits["atol_same_weights"]))
     return Stage(stage="export", record=rel, status="passed" if ok else "failed", figures=figures)
 
 
@@ -163,7 +167,10 @@ def card(folder: Path, source: dict[str, Any], records: Path = RECORDS) -> Card:
     for kind in ("smoke", "train", "control"):
         if source.get(kind):
             stage, recipe = _run_stage(
-                kind, folder / source[kind], f"{folder.relative_to(records)}/{source[kind]}"
+                kind,
+                folder / source[kind],
+                f"{folder.relative_to(records)}/{source[kind]}",
+                source.get("fault"),
             )
             stages.append(stage)
     if source.get("export"):

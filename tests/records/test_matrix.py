@@ -58,8 +58,23 @@ def test_a_control_whose_gate_passes_is_a_failed_stage(tmp_path: Path) -> None:
         "command": "c",
         "control": "run",
     }
-    card = matrix.card(folder, source, tmp_path / "records")
+    with pytest.raises(UserError, match="its record names no fault"):  # the run.json predates the field
+        matrix.card(folder, source, tmp_path / "records")
+    card = matrix.card(folder, source | {"fault": "no_weight_sync"}, tmp_path / "records")
     assert card.stages[0].status == "failed" and card.verdict == "failed"
+
+
+def test_a_run_short_of_its_target_step_fails_whatever_its_gates_say(tmp_path: Path) -> None:
+    """verl stopped after step 2 of 4 (a crash, a time limit): the replayed gates pass on two rows."""
+    folder = tmp_path / "records" / "short"
+    shutil.copytree(RECORDS / "h200-headline-2026-12-03/train", folder / "train")
+    metrics = folder / "train" / "metrics.jsonl"
+    metrics.write_text("".join(metrics.read_text().splitlines(keepends=True)[:2]))
+    source = {"date": "d", "hardware": "h", "stack": "gpu", "commit": "c", "command": "c", "train": "train"}
+    card = matrix.card(folder, source, tmp_path / "records")
+    (train,) = card.stages
+    assert train.steps == 2 and set(train.gates.values()) <= {"pass", "skip"}
+    assert train.status == "failed" and card.verdict == "failed"
 
 
 def test_a_card_source_without_runs_or_metrics_is_one_error(tmp_path: Path) -> None:
