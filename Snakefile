@@ -26,6 +26,7 @@ report: "workflow/report/workflow.rst"
 wildcard_constraints:
     recipe="|".join(RECIPES),
     model="|".join(re.escape(name) for name in RANDOM_MODELS),
+    stage="|".join(re.escape(name) for name in config["bench"]["stages"]),
 
 
 include: "workflow/rules/data.smk"

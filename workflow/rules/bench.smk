@@ -6,7 +6,9 @@
 
 rule bench_trainer:
     input:
-        model=lambda wc: str(MODELS / config["bench"]["stages"][wc.stage]["model"]),
+        model=lambda wc: str(
+            models_dir() / config["bench"]["stages"][wc.stage]["model"]
+        ),
     output:
         BENCH / "{stage}.jsonl",
     log:
@@ -25,7 +27,7 @@ rule bench_trainer:
 
 rule trainer_numerics:
     input:
-        model=str(MODELS / config["bench"]["numerics"]["model"]),
+        model=str(models_dir() / config["bench"]["numerics"]["model"]),
     output:
         BENCH / "numerics.jsonl",
     log:

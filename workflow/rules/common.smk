@@ -147,12 +147,18 @@ def base_sets(name, device):
     return sets + list(config["sets"])
 
 
+def models_dir():
+    """Where random_model writes: tiny-width rehearsal models (small_models) apart from full-size ones,
+    so neither is ever taken for the other."""
+    return MODELS / "small" if config["small_models"] else MODELS
+
+
 def built_model(name, device):
     """The model directory this workflow builds for a recipe (as the recipe file names it, before this
     workflow's --set values), None for released weights."""
     recipe = engine_recipe.load(name, device=device)
     if recipe.model.init == "random":
-        return str(MODELS / recipe.model.name)
+        return str(models_dir() / recipe.model.name)
     if Path(recipe.model.path).is_relative_to(ASSETS):
         return recipe.model.path  # tiny recipes: inside the tiny_assets directory
     return None

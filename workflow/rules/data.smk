@@ -39,7 +39,7 @@ rule tiny_assets:
 # random-init models in a registry shape (recipes with model.init: random), seeded like the data
 rule random_model:
     output:
-        directory(MODELS / "{model}"),
+        directory(models_dir() / "{model}"),
     log:
         RESULTS / "logs" / "random_model.{model}.log",
     container:
