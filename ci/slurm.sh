@@ -142,20 +142,29 @@ EOF
 }
 
 down() {
-    local dir=$1 name pid pids=()
+    local dir=$1 name pid left alive=()
     [ -d "$dir" ] || return 0
     dir=$(cd "$dir" && pwd)
+    # jobs first, while slurmctld can still cancel them: slurmstepd and its tasks outlive slurmd
+    if SLURM_CONF=$dir/slurm.conf scancel --user="$(id -un)" 2>/dev/null; then
+        for _ in $(seq 150); do
+            [ -z "$(SLURM_CONF=$dir/slurm.conf squeue -h 2>/dev/null)" ] && break
+            sleep 0.1
+        done
+    fi
     for name in "${DAEMONS[@]}"; do
         [ -s "$dir/$name.pid" ] || continue
         pid=$(cat "$dir/$name.pid")
-        kill "$pid" 2>/dev/null && pids+=("$pid")
+        kill "$pid" 2>/dev/null && alive+=("$pid")
     done
-    for _ in $(seq 150); do  # 15 s for all of them to exit, then SIGKILL
-        for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && break; pid=; done
-        [ -z "${pid:-}" ] && break
+    for _ in $(seq 150); do # 15 s for all of them to exit, then SIGKILL the ones still there
+        left=()
+        for pid in "${alive[@]}"; do kill -0 "$pid" 2>/dev/null && left+=("$pid"); done
+        alive=("${left[@]}")
+        [ ${#alive[@]} = 0 ] && break
         sleep 0.1
     done
-    for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+    for pid in "${alive[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
     if [ "$(readlink "$DEFAULT_CONF" 2>/dev/null)" = "$dir/slurm.conf" ]; then
         rm -f "$DEFAULT_CONF"
     fi

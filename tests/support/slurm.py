@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import ROOT
@@ -70,5 +71,8 @@ def slurm_cluster() -> Iterator[Slurm]:
         assert up.returncode == 0, up.stderr[-3000:]
         yield Slurm(run)
     finally:
-        subprocess.run(["bash", str(SCRIPT), "down", str(run)], capture_output=True, timeout=120)
+        pids = [int(p.read_text()) for p in run.glob("*.pid") if p.read_text().strip()]
+        down = subprocess.run(["bash", str(SCRIPT), "down", str(run)], capture_output=True, timeout=120)
         shutil.rmtree(run, ignore_errors=True)
+        left = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+        assert down.returncode == 0 and not left, f"ci/slurm.sh down left {left}: {down.stderr[-2000:]}"
