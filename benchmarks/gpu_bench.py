@@ -383,8 +383,9 @@ def cli_main(argv: list[str]) -> int:
         table.add_row(_run_name(r), r["kernels"], str(r["gpus"]), _shape(r), _cell(r))
     console.print(table)
     md = args.out.with_suffix(".md")
-    fsutil.atomic_write(md, markdown_table(rows) + "\n" + summary_table(summarize(rows)))
-    console.print(summary_table(summarize(rows)))
+    summary = summary_table(summarize(rows))
+    fsutil.atomic_write(md, markdown_table(rows) + "\n" + summary)
+    console.print(summary)
     return 0 if all("error" not in r for r in rows) else 1
 
 

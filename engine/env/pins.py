@@ -24,7 +24,6 @@ from packaging.version import InvalidVersion, Version
 from engine import fsutil, paths
 from engine.errors import ArgumentParser, UserError
 
-PINS_ENV = paths.PINS_ENV  # path of the pins file (the images set it; the repository copy otherwise)
 STACK_ENV = "ENGINE_STACK"  # stack baked into an image; `cpu` (this repository's dev/CI venv) otherwise
 DEFAULT_STACK = "cpu"
 UNRESOLVED = "UNRESOLVED:"
@@ -49,11 +48,6 @@ TRACKED: dict[str, str] = {
 _HEX40 = re.compile(r"\b[0-9a-f]{40}\b")
 
 
-def pins_path() -> Path:
-    """The pins file in use (engine.paths.pins_file)."""
-    return paths.pins_file()
-
-
 # What the readers of a pins file index besides each stack's packages (verify-env, provenance, the
 # RO-Crate, the image builder): checked when it is loaded, so a gap is one error line, not a KeyError.
 REQUIRED = (
@@ -66,10 +60,11 @@ REQUIRED = (
 
 def load_pins(path: Path | str | None = None) -> dict[str, Any]:
     """Parse the pins file and check what its readers index; a bad file is a UserError naming it."""
-    target = Path(path) if path is not None else pins_path()
+    target = Path(path) if path is not None else paths.pins_file()
+    where = f"{paths.PINS_ENV}=<path to containers/pins.yaml>"
     if not target.exists():
-        raise UserError(f"pins file {target} not found: set {PINS_ENV}=<path to containers/pins.yaml>")
-    data = fsutil.read_yaml(target, "pins file", f"fix it or set {PINS_ENV}=<path to containers/pins.yaml>")
+        raise UserError(f"pins file {target} not found: set {where}")
+    data = fsutil.read_yaml(target, "pins file", f"fix it or set {where}")
     if not isinstance(data, dict) or not isinstance(data.get("stacks"), dict) or "engine" not in data:
         raise UserError(f"pins file {target}: needs top-level 'engine' and 'stacks' mappings")
     problems = [f"no {key}.{field} value" for key, field in REQUIRED if not _scalar(data.get(key), field)]
@@ -261,7 +256,7 @@ def report(stack: str | None = None) -> dict[str, Any]:
     problems = drift(stack, installed, pins)
     return {
         "stack": stack,
-        "pins_file": str(pins_path()),
+        "pins_file": str(paths.pins_file()),
         "expected": expected_versions(stack, pins),
         "installed": installed,
         "verl_extension": verl_extension(pins),

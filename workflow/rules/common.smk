@@ -153,6 +153,7 @@ def models_dir():
     return MODELS / "small" if config["small_models"] else MODELS
 
 
+@functools.cache
 def built_model(name, device):
     """The model directory this workflow builds for a recipe (as the recipe file names it, before this
     workflow's --set values), None for released weights."""
