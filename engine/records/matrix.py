@@ -247,8 +247,14 @@ def never_ran(cards: list[Card]) -> list[str]:
     return lines
 
 
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
 def stages_line(c: Card, steps: bool = False) -> str:
-    done = [f"{s.stage} {s.status}" + (f" ({s.steps} steps)" if steps and s.steps else "") for s in c.stages]
+    done = [
+        f"{s.stage} {s.status}" + (f" ({_steps(s.steps)})" if steps and s.steps else "") for s in c.stages
+    ]
     return ", ".join(done + [f"not reached: {n}" for n in c.not_reached])
 
 
