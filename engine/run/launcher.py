@@ -73,10 +73,14 @@ def reusable_run_dir(recipe_name: str) -> Callable[[Path], str | None]:
         if not run.holds_run():
             return "it is not empty and holds no run (no run.json, launch.sh or checkpoints/)"
         if run.record.exists():
-            try:  # also a run.json of an engine before its schema: resuming reads only the recipe's name
-                earlier = RunRecord.read(run.record, unversioned=True).recipe
+            # resuming needs only the recipe's name: a run.json of an older engine (fewer fields, or none
+            # of the schema) still names it, and this launch writes the record anew
+            try:
+                earlier = fsutil.read_json(run.record, "run record", "").get("recipe")
             except UserError:
-                return "its run.json is unreadable, so it is not a run directory this command made"
+                earlier = None
+            if not isinstance(earlier, str):
+                return "its run.json is unreadable or names no recipe: not a run directory this command made"
             if earlier != recipe_name:
                 return f"it holds a run of recipe {earlier!r}, whose checkpoints this run would resume"
         return None

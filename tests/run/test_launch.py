@@ -139,6 +139,22 @@ def test_run_record_refuses_older_and_foreign_files(tmp_path: Path) -> None:
         record.RunRecord.read(path)
 
 
+def test_a_run_directory_of_an_older_engine_resumes_and_a_foreign_one_is_refused(tmp_path: Path) -> None:
+    """Resuming reads only the recipe's name: an engine upgrade between two launches must not turn the
+    user's own run directory (and its checkpoints) into a foreign one."""
+    reuse = launcher.reusable_run_dir("tiny_cpu")
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    written = {"schema": record.SCHEMA, "recipe": "tiny_cpu", "device": "cpu", "steps_done": 2}
+    (run / "run.json").write_text(json.dumps(written))  # fields of another engine version: not a RunRecord
+    assert reuse(run) is None
+    (run / "run.json").write_text(json.dumps(written | {"recipe": "tiny_moe_cpu"}))
+    assert "holds a run of recipe 'tiny_moe_cpu'" in (reuse(run) or "")
+    for text in ("{not json", json.dumps({"device": "cpu"}), json.dumps(["tiny_cpu"])):
+        (run / "run.json").write_text(text)
+        assert "unreadable or names no recipe" in (reuse(run) or "")
+
+
 def test_file_logger_path_reaches_every_ray_worker_through_the_runtime_env(tmp_path: Path) -> None:
     """verl's TaskRunner (which writes the metrics) runs in a Ray worker; on a cluster of `ray start`
     it does not inherit the driver's environment, so the path goes into Ray's job runtime env."""
