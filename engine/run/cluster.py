@@ -228,7 +228,6 @@ def plan_bring_up(args: argparse.Namespace, check_paths: bool = False) -> BringU
     """Compile the recipe (as `engine run` will) for its device count and pinned environment; with
     `check_paths` (launch) refuse it as `engine run` would, before a single Ray process starts."""
     from engine import preflight
-    from engine.recipes import loader, plan
     from engine.run import launcher
 
     if args.port is not None and not 0 < args.port < 65536:
@@ -238,11 +237,10 @@ def plan_bring_up(args: argparse.Namespace, check_paths: bool = False) -> BringU
         if key.strip() == "cluster.nodes" and value.strip() != str(args.nodes):
             raise UserError(f"--set {item} contradicts --nodes {args.nodes}: give the node count once")
     sets = [*args.sets, f"cluster.nodes={args.nodes}"]
-    if check_paths:  # model and data paths, rollout environment: minutes before verl would find out
-        compiled = launcher.checked_plan(args.recipe, args.device, sets, args.out)
-    else:
-        compiled = plan.compile_recipe(loader.load(args.recipe, device=args.device, sets=sets))
-        preflight.require_ok(compiled)  # the job would otherwise fail on the cluster, its reason in a log
+    # the plan `engine run` compiles on the head node; a launch also checks the model and data paths and
+    # the rollout environment here, minutes before verl would find out (a script is for another machine)
+    compiled = launcher.build_plan(args.recipe, args.device, sets, args.out, build_assets=check_paths)
+    preflight.require_ok(compiled, paths=check_paths, rollout_env=check_paths)
     env = {k: os.environ[k] for k in PASSTHROUGH if k in os.environ} | dict(compiled.env)
     driver = [args.python, "-m", "engine", "run", args.recipe, "--device", compiled.recipe.cluster.device]
     for item in sets:

@@ -88,8 +88,9 @@ def reusable_run_dir(recipe_name: str) -> Callable[[Path], str | None]:
     return reuse
 
 
-def build_plan(ref: str, device: str | None, sets: list[str], out: Path) -> Any:
-    """Load the recipe with the run directory applied through the ordinary `--set` paths, then compile."""
+def build_plan(ref: str, device: str | None, sets: list[str], out: Path, build_assets: bool = True) -> Any:
+    """Load the recipe with the run directory applied through the ordinary `--set` paths, then compile;
+    `build_assets=False` where nothing runs here (a cluster script for another machine)."""
     from engine.recipes import loader, plan
 
     for item in sets:
@@ -105,7 +106,8 @@ def build_plan(ref: str, device: str | None, sets: list[str], out: Path) -> Any:
         f"trainer.logger=[{','.join(loggers)}]",
     ]
     resolved = loader.load(ref, device=device, sets=run_sets)
-    _ensure_tiny_assets(resolved)
+    if build_assets:
+        _ensure_tiny_assets(resolved)
     return plan.compile_recipe(resolved)
 
 

@@ -124,6 +124,12 @@ def test_fixed_port_and_bad_input() -> None:
         text=True,
     )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown recipe 'nope'" in proc.stderr
+    # the script compiles the plan `engine run` will on the head node: what the driver refuses, it refuses
+    argv = [*argv[:1], "qwen35_27b", *argv[2:], "--set", "trainer.checkpoint_dir=/elsewhere"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine", "cluster", *argv], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "a run keeps its checkpoints in --out/checkpoints" in proc.stderr
 
 
 def _free_port() -> int:
