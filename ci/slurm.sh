@@ -37,9 +37,9 @@ install() {
     if [ ! -e "$policy" ]; then
         printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && own_policy=1
     fi
-    local rc=0
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        slurm-wlm munge >/dev/null; } || rc=$?
+    local rc=0 get=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge)
+    # the package lists are read as they are (ci/test.sh has just updated them); updated only if that fails
+    { "${get[@]}" >/dev/null 2>&1 || { apt-get update -qq && "${get[@]}" >/dev/null; }; } || rc=$?
     [ "$own_policy" = 1 ] && rm -f "$policy"
     return "$rc"
 }
