@@ -25,9 +25,8 @@ from engine.run import gates
 from engine.run.rundir import RunDir
 from tests.conftest import ROOT, Launch, engine
 from tests.support.slurm import Slurm, slurm_cluster
-from tests.support.workflow import workflow_copy
+from tests.support.workflow import snakemake, workflow_copy
 
-SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 SNAKEMAKE_MARK = ".snakemake_timestamp"
 CHAIN = {"prepare_data", "tiny_assets", "smoke", "train", "export", "provenance"}
 
@@ -77,9 +76,7 @@ def documented_slurm_runs() -> list:
 def test_documented_slurm_runs_pass_preflight(command: str, tmp_path: Path) -> None:
     """Each example builds its DAG, every plan passing preflight (a dry run submits nothing)."""
     work = workflow_copy(tmp_path)
-    argv = [str(SNAKEMAKE), "-n", *shlex.split(command)[1:]]
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    proc = snakemake(work, "-n", *shlex.split(command)[1:], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "rule train:" in proc.stdout
 
@@ -91,9 +88,7 @@ def test_cpu_profile_runs_the_tiny_chain_through_sbatch(
     """`snakemake --profile profiles/slurm_cpu smoke_cpu`: each job an sbatch job that slurmctld records
     as completed, job states from squeue (accounting is off), outputs those of a local run."""
     work = workflow_copy(tmp_path)
-    env = os.environ | {"PYTHONPATH": str(ROOT)} | slurm.env
-    args = [str(SNAKEMAKE), "--profile", "profiles/slurm_cpu", "smoke_cpu"]
-    proc = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=1800)
+    proc = snakemake(work, "--profile", "profiles/slurm_cpu", "smoke_cpu", env=slurm.env, timeout=1800)
     results = work / "results"
     logs = "".join(f"\n== {f.name}\n{f.read_text()[-1500:]}" for f in sorted(results.glob("*/logs/*.log")))
     assert proc.returncode == 0, proc.stderr[-3000:] + logs

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.support.workflow import workflow_copy
+from tests.support.workflow import SNAKEMAKE, snakemake, snakemake_env, workflow_copy
 
-SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 FIVE = {"prepare_data", "smoke", "train", "export", "provenance"}
 TARGETS = ["run_qwen35_35b", "run_qwen35_27b", "smoke_cpu", "learn_cpu", "ci_smoke_gpu", "ci_smoke_npu"]
 CPU_TARGETS = ("smoke_cpu", "learn_cpu")
@@ -25,13 +24,6 @@ CPU_TARGETS = ("smoke_cpu", "learn_cpu")
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return workflow_copy(tmp_path_factory.mktemp("workflow"))
-
-
-def snakemake(work: Path, *args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [str(SNAKEMAKE), *args], cwd=work, env=env, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def job_counts(stdout: str) -> dict[str, int]:
@@ -261,7 +253,7 @@ def test_smoke_cpu_chain_noop_rerun_and_resume_after_kill(tmp_path: Path) -> Non
     """Real chain on CPU: data, 1-step smoke, 3-step train (killed after step 1, then resumed),
     export, provenance, curves; a second invocation has nothing to do."""
     work = workflow_copy(tmp_path)
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    env = snakemake_env()
     args = [str(SNAKEMAKE), "--cores", "2", "--profile", "profiles/local", "smoke_cpu"]
     args += ["--config", "sets=[trainer.save_freq=1,trainer.total_training_steps=3]"]
     marker = work / "results/tiny_cpu/train/checkpoints/latest_checkpointed_iteration.txt"
@@ -303,14 +295,7 @@ def test_smoke_cpu_chain_noop_rerun_and_resume_after_kill(tmp_path: Path) -> Non
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
     _rerun_verbs(work, args, env)
 
-    report = subprocess.run(
-        [str(SNAKEMAKE), "--cores", "1", "smoke_cpu", "--report", "report.html"],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    report = snakemake(work, "--cores", "1", "smoke_cpu", "--report", "report.html", timeout=300)
     assert report.returncode == 0, report.stderr[-2000:]
     assert "curves.png" in (work / "report.html").read_text(errors="replace")
 
