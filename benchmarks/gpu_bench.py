@@ -142,14 +142,13 @@ def worker_env() -> dict[str, str]:
     """The environment of a worker: this one, plus on a host without a GPU the cpu profile's settings
     that let verl's engine run there (engine.verl_ext's platform, gloo), as `engine run` uses them."""
     import torch
-    import yaml
 
-    from engine.recipes.loader import recipe_dir
+    from engine.recipes.loader import device_profile
     from engine.recipes.plan import EXTERNAL_MODULE
 
     if torch.cuda.is_available():
         return dict(os.environ)
-    profile = yaml.safe_load((recipe_dir() / "profiles" / "cpu.yaml").read_text())
+    profile = device_profile("cpu")
     verl_ext = {"VERL_USE_EXTERNAL_MODULES": EXTERNAL_MODULE}
     return {k: str(v) for k, v in profile["env"].items()} | verl_ext | dict(os.environ)
 

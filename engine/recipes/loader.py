@@ -203,6 +203,17 @@ def _format_validation(err: ValidationError, source: str) -> str:
     return f"{source}: " + "; ".join(problems[:3]) + more
 
 
+def device_profile(device: str) -> dict[str, Any]:
+    """The device's defaults layer (the first recipe directory that has one), its keys checked."""
+    path = next(
+        (p for d in recipe_dirs() if (p := d / "profiles" / f"{device}.yaml").exists()),
+        recipe_dir() / "profiles" / f"{device}.yaml",
+    )
+    profile = _read_yaml(path) if path.exists() else {}
+    _check_keys(profile, Recipe, str(path))
+    return profile
+
+
 def load(ref: str, device: str | None = None, sets: list[str] | tuple[str, ...] = ()) -> Recipe:
     """Resolve a recipe name or YAML path for one device into a validated Recipe."""
     data, path = _load_layers(ref, Path.cwd(), ())
@@ -215,13 +226,7 @@ def load(ref: str, device: str | None = None, sets: list[str] | tuple[str, ...] 
             f"recipe '{path.stem}' supports devices {', '.join(map(str, devices))}; "
             f"pass --device {devices[0]}"
         )
-    profile_path = next(
-        (p for d in recipe_dirs() if (p := d / "profiles" / f"{device}.yaml").exists()),
-        recipe_dir() / "profiles" / f"{device}.yaml",
-    )
-    profile = _read_yaml(profile_path) if profile_path.exists() else {}
-    _check_keys(profile, Recipe, str(profile_path))
-    data = _merge(_merge(profile, data), {"name": path.stem, "cluster": {"device": device}})
+    data = _merge(_merge(device_profile(device), data), {"name": path.stem, "cluster": {"device": device}})
     for item in sets:
         _apply_set(data, item)
     chosen = data["cluster"].get("device") if isinstance(data.get("cluster"), dict) else device
