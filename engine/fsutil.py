@@ -13,10 +13,15 @@ naming the file. Nothing here imports torch: preflight and render use it.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import shutil
+import socket
+import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -182,6 +187,36 @@ def publish_dir(out: Path | str, replace: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def exclusive(lock_file: Path, what: str, fix: str) -> Iterator[None]:
+    """Hold `lock_file` (flock) for the block, or OutputError naming the holder. The kernel drops the
+    lock when its holder dies, however it dies: no stale lock to clean up after a SIGKILL or a lost node.
+    Where the filesystem has no flock (some Lustre mounts), a warning says the guard is off."""
+    with open(lock_file, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = True
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise OutputError(f"{what}: in use by {holder}; {fix}") from None
+        except OSError as err:
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+            sys.stderr.write(f"warning: {what}: no file lock here ({err.strerror}): not guarded\n")
+            locked = False
+        if locked:
+            handle.truncate(0)
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n")
+            handle.flush()
+        try:
+            yield
+        finally:
+            if locked:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def stage_in(out: Path | str, prefix: str = ".staged.") -> Path:

@@ -70,8 +70,14 @@ def reusable_run_dir(recipe_name: str) -> Callable[[Path], str | None]:
 
     def reuse(out: Path) -> str | None:
         run = RunDir(out)
-        if not run.holds_run():
-            return "it is not empty and holds no run (no run.json, launch.sh or checkpoints/)"
+        if not run.holds_run():  # a first attempt killed outright left only its stage (and the lock)
+            stages = run.attempt_stages()
+            if not stages and not (out / rundir.LOCK).exists():
+                return "it is not empty and holds no run (no run.json, launch.sh or checkpoints/)"
+            names = {_recipe_name(stage / rundir.RECIPE) for stage in stages} - {recipe_name, None}
+            if names:
+                return f"it holds an unpublished attempt of recipe {sorted(names)[0]!r} ({stages[0].name})"
+            return None
         if run.record.exists():
             # resuming needs only the recipe's name: a run.json of an older engine (fewer fields, or none
             # of the schema) still names it, and this launch writes the record anew
@@ -86,6 +92,15 @@ def reusable_run_dir(recipe_name: str) -> Callable[[Path], str | None]:
         return None
 
     return reuse
+
+
+def _recipe_name(path: Path) -> str | None:
+    """The `name:` of a staged recipe.yaml (None when the attempt died before writing it)."""
+    try:
+        data = fsutil.read_yaml(path, "recipe", "")
+    except UserError:
+        return None
+    return data.get("name") if isinstance(data, dict) else None
 
 
 def build_plan(ref: str, device: str | None, sets: list[str], out: Path, build_assets: bool = True) -> Any:
@@ -255,12 +270,18 @@ def run_main(argv: list[str]) -> int:
         help="set by `engine rerun --allow-changed`: what of that record no longer verified (repeatable)",
     )
     args = parser.parse_args(argv)
-    from engine.recipes import loader
-    from engine.recipes import plan as plan_mod
-
     out = args.out or Path("results") / "runs" / Path(args.recipe).stem  # the working directory's
     out = fsutil.check_out_dir(out, reuse=reusable_run_dir(Path(args.recipe).stem)).resolve()
     p = checked_plan(args.recipe, args.device, args.sets, out)
+    with RunDir(out).lock():
+        return _attempt(args, p, out)
+
+
+def _attempt(args: argparse.Namespace, p: Any, out: Path) -> int:
+    """One launch of verl into a stage of `out`, judged, recorded and published (the caller holds `out`)."""
+    from engine.recipes import loader
+    from engine.recipes import plan as plan_mod
+
     total = p.recipe.trainer.total_training_steps
     r = p.recipe
     broken = {mutations.ENV: args.control} if args.control else {}
@@ -270,7 +291,7 @@ def run_main(argv: list[str]) -> int:
         raise UserError(str(err)) from None
     earlier = RunDir(out).read_metrics()  # the steps of the attempt whose files the run holds
     # Nothing of an earlier run is touched until this attempt is over: it writes into a stage.
-    stage = fsutil.stage_in(out, prefix=".attempt.")
+    stage = fsutil.stage_in(out, prefix=rundir.ATTEMPT_PREFIX)
     staged = RunDir(stage)
     log, metrics = staged.log, staged.metrics
     _write_scrubbed(staged.launch_script, plan_mod.render(p, "script"))

@@ -8,11 +8,13 @@ run through this module.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine import fsutil
 from engine.checkpoint import layout
 
 LAUNCH_SCRIPT = "launch.sh"  # the verl command, as `render --format script` prints it
@@ -33,6 +35,8 @@ CRATE_README = "README.md"
 CHECKPOINTS = "checkpoints"
 CLUSTER_SCRIPT = "ray_cluster.sh"  # the Ray bring-up of a multi-node run (engine.run.cluster)
 LAST_ATTEMPT = "last-attempt"
+ATTEMPT_PREFIX = ".attempt."  # an attempt's stage, `.attempt.XXXX.partial`, published when it ends
+LOCK = ".run.lock"  # held by the launch using the directory (engine.fsutil.exclusive)
 
 # What `engine run` writes into its directory; an attempt stages them and publishes them together.
 FILES = (LAUNCH_SCRIPT, OVERRIDES, RECIPE, LOG, METRICS, GPU_MEMORY, RECORD)
@@ -137,3 +141,13 @@ class RunDir:
     def holds_run(self) -> bool:
         """Anything a run (or a cluster bring-up) writes is there."""
         return any((self.path / name).exists() for name in (*FILES, CHECKPOINTS, CLUSTER_SCRIPT))
+
+    def attempt_stages(self) -> list[Path]:
+        """Stages of attempts that never published: killed outright (SIGKILL, a lost node), or running."""
+        return sorted(p for p in self.path.glob(f"{ATTEMPT_PREFIX}*{fsutil.PARTIAL}") if p.is_dir())
+
+    def lock(self) -> contextlib.AbstractContextManager[None]:
+        """One launch at a time: two would train from the same checkpoints and save over each other's."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fix = "wait for that run to end, or pass another --out"
+        return fsutil.exclusive(self.path / LOCK, f"--out {self.path}", fix)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from engine.hashing import sha256_file
+from engine.run import rundir
 from tests.conftest import ROOT, Launch, engine, run_recipe
 
 pytestmark = pytest.mark.slow
@@ -103,10 +104,13 @@ def test_moe_two_steps(tmp_path: Path, tiny_assets: Path) -> None:
 
 
 def _earlier_run_files(run: Path) -> dict[str, str]:
-    """sha256 of every file of a run directory but those of the hidden stage a launch writes into."""
-    files = [p for p in sorted(run.rglob("*")) if p.is_file()]
+    """sha256 of every file of a run directory but the hidden stage a launch writes into and the lock
+    file naming the launch that holds the directory."""
+    files = [p for p in sorted(run.rglob("*")) if p.is_file() and p.name != rundir.LOCK]
     return {
-        str(p.relative_to(run)): sha256_file(p) for p in files if ".attempt." not in str(p.relative_to(run))
+        str(p.relative_to(run)): sha256_file(p)
+        for p in files
+        if rundir.ATTEMPT_PREFIX not in str(p.relative_to(run))
     }
 
 

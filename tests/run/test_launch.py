@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import overhead
+from engine import fsutil
 from engine.cli import main
 from engine.errors import UserError
 from engine.run import gates, launcher, record, rundir, watch
@@ -153,6 +155,43 @@ def test_a_run_directory_of_an_older_engine_resumes_and_a_foreign_one_is_refused
     for text in ("{not json", json.dumps({"device": "cpu"}), json.dumps(["tiny_cpu"])):
         (run / "run.json").write_text(text)
         assert "unreadable or names no recipe" in (reuse(run) or "")
+
+
+def test_a_first_attempt_killed_outright_does_not_strand_its_directory(tmp_path: Path) -> None:
+    """SIGKILL (OOM killer, a lost node) before an attempt published anything leaves only its hidden stage
+    and the lock file: the next launch of the same recipe goes on there; another recipe's is refused."""
+    reuse = launcher.reusable_run_dir("tiny_cpu")
+    run = tmp_path / "run"
+    stage = run / f"{rundir.ATTEMPT_PREFIX}k1ll3d{fsutil.PARTIAL}"
+    stage.mkdir(parents=True)
+    (stage / rundir.LOG).write_text("loading\n")  # killed before it wrote recipe.yaml
+    assert reuse(run) is None
+    (stage / rundir.RECIPE).write_text("name: tiny_cpu\n")
+    (run / rundir.LOCK).write_text("pid 1 on elsewhere\n")
+    assert reuse(run) is None
+    (stage / rundir.RECIPE).write_text("name: tiny_moe_cpu\n")
+    assert "unpublished attempt of recipe 'tiny_moe_cpu'" in (reuse(run) or "")
+    (run / "notes.txt").write_text("mine\n")
+    shutil.rmtree(stage)
+    (run / rundir.LOCK).unlink()
+    assert "holds no run" in (reuse(run) or "")
+
+
+def test_a_second_launch_into_a_directory_in_use_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Two launches into one --out would resume the same checkpoints and save over each other's steps."""
+    data = tmp_path / "data.parquet"
+    data.write_bytes(b"PAR1")
+    run = tmp_path / "run"
+    sets = [f"model.path={model_dir(tmp_path)}", f"data.train_files={data}", f"data.val_files={data}"]
+    argv = ["run", "tiny_cpu", "--device", "cpu", "--out", str(run)] + [a for s in sets for a in ("--set", s)]
+    with rundir.RunDir(run).lock():
+        code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 3 and err.count("\n") == 1, err
+    assert f"in use by pid {os.getpid()} on " in err and "pass another --out" in err
+    assert sorted(p.name for p in run.iterdir()) == [rundir.LOCK]  # nothing staged, nothing written
 
 
 def test_file_logger_path_reaches_every_ray_worker_through_the_runtime_env(tmp_path: Path) -> None:
