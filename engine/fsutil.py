@@ -207,11 +207,12 @@ def exclusive(lock_file: Path, what: str, fix: str) -> Iterator[None]:
                 raise
             sys.stderr.write(f"warning: {what}: no file lock here ({err.strerror}): not guarded\n")
             locked = False
-        if locked:
-            handle.truncate(0)
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-            handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n")
-            handle.flush()
+        if locked:  # who holds it, for the next one's message: a full disk costs only the note
+            with contextlib.suppress(OSError):
+                handle.truncate(0)
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n")
+                handle.flush()
         try:
             yield
         finally:

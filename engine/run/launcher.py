@@ -72,7 +72,7 @@ def reusable_run_dir(recipe_name: str) -> Callable[[Path], str | None]:
         run = RunDir(out)
         if not run.holds_run():  # a first attempt killed outright left only its stage (and the lock)
             stages = run.attempt_stages()
-            if not stages and not (out / rundir.LOCK).exists():
+            if not stages and not run.lock_file.exists():
                 return "it is not empty and holds no run (no run.json, launch.sh or checkpoints/)"
             names = {_recipe_name(stage / rundir.RECIPE) for stage in stages} - {recipe_name, None}
             if names:

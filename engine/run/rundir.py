@@ -142,6 +142,10 @@ class RunDir:
         """Anything a run (or a cluster bring-up) writes is there."""
         return any((self.path / name).exists() for name in (*FILES, CHECKPOINTS, CLUSTER_SCRIPT))
 
+    @property
+    def lock_file(self) -> Path:
+        return self.path / LOCK
+
     def attempt_stages(self) -> list[Path]:
         """Stages of attempts that never published: killed outright (SIGKILL, a lost node), or running."""
         return sorted(p for p in self.path.glob(f"{ATTEMPT_PREFIX}*{fsutil.PARTIAL}") if p.is_dir())
@@ -150,4 +154,4 @@ class RunDir:
         """One launch at a time: two would train from the same checkpoints and save over each other's."""
         self.path.mkdir(parents=True, exist_ok=True)
         fix = "wait for that run to end, or pass another --out"
-        return fsutil.exclusive(self.path / LOCK, f"--out {self.path}", fix)
+        return fsutil.exclusive(self.lock_file, f"--out {self.path}", fix)
