@@ -112,7 +112,7 @@ def run_configuration(
     cmd += ["--modes", mode, "--kernels", kernels, "--shapes", spec]
     cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
     cmd += ["--recompute"] if args.recompute else []
-    cmd += ["--profile", str(args.profile)] if args.profile else []
+    cmd += ["--profile", str(args.profile)] if args.profile and repeat == 1 else []  # one table a lever
     cmd += ["--logprobs", args.logprobs, "--fill", str(args.fill), "--gpus", str(args.gpus)]
     cmd += ["--levers", lever, "--repeat", str(repeat)]
     console.print(f"[bold]bench[/bold] {mode}/{kernels}/{lever} x{args.gpus} shapes {spec}, repeat {repeat}")
@@ -320,7 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile",
         type=Path,
         default=None,
-        help="write torch.profiler tables of one extra step after the timed ones (last shape) here",
+        help="write torch.profiler tables of one extra step after the timed ones (last shape, first "
+        "repeat) here",
     )
     run.add_argument(
         "--levers",

@@ -62,12 +62,17 @@ def applied_settings(module: Any, optimizer: Any) -> dict[str, Any]:
     group = getattr(inner[0]._get_fsdp_state(), "_fsdp_param_group", None) if inner else None
     # FSDP2 keeps a post-forward mesh only when it reshards after forward (a private field: None if gone)
     reshard = None if group is None else getattr(group, "post_forward_mesh_info", None) is not None
+    # gradients reduce in reduce_dtype, else in the dtype they are computed in (FSDP2 clamps equal ones
+    # to None): param_dtype, else the parameter's own
+    first = group.fsdp_params[0] if group is not None and group.fsdp_params else None
+    reduce = None if first is None else first.reduce_dtype or first.param_dtype or first.orig_dtype
     return {
         "optimizer": f"{type(optimizer).__module__}.{type(optimizer).__name__}",
         "optimizer_kernel": kernel,
         "param_dtype": str(param.dtype).removeprefix("torch."),
         "state_dtype": str(states[0].dtype).removeprefix("torch.") if states else None,
         "reshard_after_forward": reshard,
+        "grad_reduce_dtype": None if reduce is None else str(reduce).removeprefix("torch."),
     }
 
 
@@ -252,7 +257,7 @@ def _profile_step(
     if cuda:
         text += "\n" + averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)
     args.profile.mkdir(parents=True, exist_ok=True)
-    (args.profile / f"{run_slug(mode, args.kernels[0], args, shape)}.txt").write_text(text)
+    (args.profile / f"{run_slug(mode, args.kernels[0], args, shape, args.levers[0])}.txt").write_text(text)
 
 
 def _measure(step: Any, shape: Shape, first: int, args: argparse.Namespace, cuda: bool) -> tuple[int, float]:

@@ -41,9 +41,11 @@ TOLERANCE = {
 
 
 def tolerance_class(lever: str) -> str:
+    """bf16 master weights, or gradients summed in bf16 (bf16-reduce: across devices and deferred
+    micro-batches), are held to the bf16 tolerances; everything else only reorders fp32 sums."""
     fields = {} if lever == CONTROL else lever_fields([lever])
-    bf16 = lever == CONTROL or fields.get("actor.optim.precision") == "bf16_sr"
-    return "bf16" if bf16 else "exact"
+    bf16 = fields.get("actor.optim.precision") == "bf16_sr" or fields.get("actor.reduce_dtype") == "bf16"
+    return "bf16" if lever == CONTROL or bf16 else "exact"
 
 
 def engine_levers(lever: str) -> list[str]:
@@ -181,9 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
             "fused",
             "no-reshard",
             "no-sync",
+            "bf16-reduce",
             "bf16-sr",
             "fast",
             "fast-bf16",
+            "fast-bf16-reduce+no-sync",
             CONTROL,
         ],
         help=f"levers to compare with {REFERENCE} (always run, first); {CONTROL}: the control, must fail",

@@ -1,6 +1,7 @@
 """`python -m engine check-imports`: import what a GRPO run with verl's vLLM rollout imports, before it runs.
 
-A wheelhouse (containers/wheelhouse-gpu.txt) carried to a machine without an index is meant to be
+A wheelhouse (containers/wheelhouse-gpu.txt, with containers/wheelhouse-vllm.txt for the rollout)
+carried to a machine without an index is meant to be
 complete; this finds out in seconds instead of minutes into a launch. With `--fallback DIR` (more wheels
 of the same lock), each module still missing is taken from the wheel in DIR that ships it, installed into
 `--site`, and the imports are tried again; every addition is reported, so the selection file can be
@@ -20,8 +21,19 @@ from pathlib import Path
 from engine import fsutil
 from engine.errors import ArgumentParser, UserError
 
-# what the trainer, verl's vLLM server and vLLM's engine/worker import for a Qwen3.5 rollout, and the
-# modules of this project that verl loads
+# what verl's FSDP engine, as the actor and the trainer benchmarks drive it, imports with the fast kernels,
+# and the modules of this project that verl loads (containers/wheelhouse-gpu.txt)
+TRAIN_MODULES = (
+    "verl.workers.engine",
+    "verl.workers.config",
+    "verl.workers.utils.losses",
+    "fla.ops.gated_delta_rule",
+    "fla.modules.causal_conv1d",
+    "engine.kernels",
+    "engine.verl_ext",
+)
+# what the trainer, verl's vLLM server and vLLM's engine/worker import for a Qwen3.5 rollout
+# (containers/wheelhouse-vllm.txt on top)
 RUN_MODULES = (
     "verl.trainer.main_ppo",
     "verl.workers.rollout.vllm_rollout.vllm_async_server",
@@ -35,10 +47,7 @@ RUN_MODULES = (
     "vllm.v1.attention.backends.flash_attn",
     "vllm.v1.attention.backends.gdn_attn",
     "vllm.device_allocator.cumem",
-    "fla.ops.gated_delta_rule",
-    "fla.modules.causal_conv1d",
-    "engine.kernels",
-    "engine.verl_ext",
+    *TRAIN_MODULES,
 )
 WORKFLOW_MODULES = ("snakemake", "snakemake.cli", "matplotlib.pyplot")
 MAX_ADDED = 25
@@ -77,9 +86,10 @@ def cli_main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="python -m engine check-imports", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--what",
-        choices=("run", "workflow", "all"),
+        choices=("train", "run", "workflow", "bench", "all"),
         default="all",
-        help="run: trainer + vLLM rollout; workflow: Snakemake and the report's plotting; all: both",
+        help="train: verl's engine and the kernels; run: trainer + vLLM rollout; workflow: Snakemake and "
+        "the report's plotting; bench: train + workflow (the trainer benchmarks); all: run + workflow",
     )
     parser.add_argument(
         "--module", action="append", default=[], help="import this module instead (repeatable)"
@@ -93,9 +103,12 @@ def cli_main(argv: list[str]) -> int:
     if args.fallback is not None and args.site is None:
         raise UserError("--fallback needs --site: the folder the missing wheels are installed into")
     out = fsutil.check_out_file(args.out, reuse=lambda _: None) if args.out else None
-    modules = tuple(args.module) or {"run": RUN_MODULES, "workflow": WORKFLOW_MODULES}.get(
-        args.what, RUN_MODULES + WORKFLOW_MODULES
-    )
+    modules = tuple(args.module) or {
+        "train": TRAIN_MODULES,
+        "run": RUN_MODULES,
+        "workflow": WORKFLOW_MODULES,
+        "bench": TRAIN_MODULES + WORKFLOW_MODULES,
+    }.get(args.what, RUN_MODULES + WORKFLOW_MODULES)
     report = check(modules, args.site, providers(args.fallback) if args.fallback else {})
     text = json.dumps(report, indent=2) + "\n"
     if out:

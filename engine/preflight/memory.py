@@ -33,9 +33,10 @@ RESIDENT_BYTES_BF16 = 6
 # Without reshard_after_forward FSDP keeps every layer's gathered bf16 parameters from its forward to
 # its backward: at the start of backward the whole model is there unsharded, 2 B per parameter.
 GATHERED_BYTES = 2
-# With defer_gradient_sync FSDP2 accumulates a step's gradients unsharded, in the reduce dtype (fp32),
-# until its last micro-batch: 4 B per parameter while a step has more than one micro-batch per device.
-DEFERRED_GRAD_BYTES = 4
+# With defer_gradient_sync FSDP2 accumulates a step's gradients unsharded, in the reduce dtype (fp32 by
+# default, bf16 with actor.reduce_dtype=bf16), until its last micro-batch: 4 (2) B per parameter while a
+# step has more than one micro-batch per device.
+DEFERRED_GRAD_BYTES = {"fp32": 4, "bf16": 2}
 
 
 def layer_activation_bytes(plan: Plan, tokens: float) -> float:
@@ -78,7 +79,7 @@ def memory_estimate(plan: Plan) -> dict[str, float]:
         a.ppo_mini_batch_size * r.rollout.n / plan.data_parallel_size / a.ppo_micro_batch_size_per_device
     )
     if a.defer_gradient_sync and a.strategy != "fsdp_turbo" and (micro_batches > 1 or a.use_dynamic_bsz):
-        held += DEFERRED_GRAD_BYTES * unsharded
+        held += DEFERRED_GRAD_BYTES[a.reduce_dtype] * unsharded
     ref = (
         0.0
         if (r.ref.offload_policy or not (a.use_kl_loss or r.algorithm.use_kl_in_reward))

@@ -162,6 +162,11 @@ def _levers(plan: Plan) -> list[str]:
             "actor.defer_gradient_sync is verl's FSDP/FSDP2 setting, not validated with fsdp_turbo; "
             "set actor.strategy=fsdp2 or actor.defer_gradient_sync=false"
         )
+    if a.reduce_dtype != "fp32" and a.strategy == "fsdp_turbo":
+        problems.append(
+            "actor.reduce_dtype=bf16 is verl's FSDP/FSDP2 mixed precision, not validated with fsdp_turbo "
+            "(its fsdp_plan has its own reduce_dtype); set actor.strategy=fsdp2 or actor.reduce_dtype=fp32"
+        )
     if a.optim.precision != "bf16_sr":
         return problems
     if a.strategy == "fsdp_turbo":

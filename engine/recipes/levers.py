@@ -31,6 +31,10 @@ LEVERS: dict[str, tuple[dict[str, Any], str]] = {
         {"actor.defer_gradient_sync": True},
         "reduce a step's gradients once, after its last micro-batch, not after each",
     ),
+    "bf16-reduce": (
+        {"actor.reduce_dtype": "bf16"},
+        "reduce gradients in bf16, as computed: no cast before the reduce-scatter (nor back, with bf16-sr)",
+    ),
     "bf16-sr": (
         {"actor.optim.precision": "bf16_sr"},
         "bf16 weights, gradients and moments, fp32 update with stochastic rounding: no cast at gather",
@@ -43,7 +47,31 @@ LEVERS: dict[str, tuple[dict[str, Any], str]] = {
         {"actor.optim.precision": "bf16_sr", "actor.reshard_after_forward": False},
         "bf16-sr + no-reshard: the smallest-memory, fewest-casts bundle",
     ),
+    "fast-bf16-reduce": (
+        {
+            "actor.optim.precision": "bf16_sr",
+            "actor.reshard_after_forward": False,
+            "actor.reduce_dtype": "bf16",
+        },
+        "fast-bf16 + bf16-reduce: no dtype cast left in a step on one GPU",
+    ),
 }
+
+
+# FSDP's mixed precision with gradients reduced in bf16 (verl's FSDPEngineConfig.mixed_precision; its
+# default is param bf16, reduce fp32, buffers fp32)
+BF16_REDUCE = {"param_dtype": "bf16", "reduce_dtype": "bf16", "buffer_dtype": "fp32"}
+
+
+def fsdp_keys(defer_gradient_sync: bool, reduce_dtype: str) -> dict[str, Any]:
+    """verl keys under `fsdp_config` for the gradient levers; empty at the defaults. The one mapping the
+    plan renders and the benchmarks build verl's engine from."""
+    keys: dict[str, Any] = {}
+    if defer_gradient_sync:
+        keys["use_no_sync_for_gradient_accumulation"] = True
+    if reduce_dtype == "bf16":
+        keys["mixed_precision"] = dict(BF16_REDUCE)
+    return keys
 
 
 def lever_names(text: str) -> list[str]:
@@ -108,8 +136,9 @@ def engine_config_kwargs(names: list[str]) -> tuple[dict[str, Any], dict[str, An
     engine: dict[str, Any] = {}
     if "actor.reshard_after_forward" in merged:
         engine["reshard_after_forward"] = merged["actor.reshard_after_forward"]
-    if merged.get("actor.defer_gradient_sync"):
-        engine["use_no_sync_for_gradient_accumulation"] = True
+    engine |= fsdp_keys(
+        bool(merged.get("actor.defer_gradient_sync")), merged.get("actor.reduce_dtype", "fp32")
+    )
     optimizer: dict[str, Any] = {}
     for key, value in optimizer_keys(Optim(lr=1.0, **optim_fields)).items():
         section, _, field = key.partition(".")

@@ -131,6 +131,13 @@ class Actor(Section):
         "last (fsdp_config.use_no_sync_for_gradient_accumulation; verl's trainer default false): fewer "
         "reduce-scatters and gradient casts, the unsharded gradients held meanwhile",
     )
+    reduce_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="dtype FSDP reduces (and, deferred, accumulates) gradients in: fp32 is verl's default, "
+        "a cast of every bf16 gradient before its reduce-scatter (and back with bf16_sr); bf16 reduces the "
+        "gradients as computed: the same sum on one device with one micro-batch per step, a bf16 sum across "
+        "devices and micro-batches otherwise (fsdp_config.mixed_precision)",
+    )
     offload_policy: bool = Field(
         True, description="FSDP2 CPU offload; with fsdp_turbo it alone decides offload"
     )

@@ -224,18 +224,20 @@ def test_lever_rows_run_verl_engine_with_the_lever_applied(tmp_path: Path) -> No
     code = gpu_bench.cli_main(
         [
             *("run", "--model", str(model), "--modes", "verl-padded", "--kernels", "torch"),
-            *("--levers", "fast,fast-bf16", "--shapes", "2/1/32", "--steps", "1", "--warmup", "1"),
+            *("--levers", "fast,fast-bf16-reduce", "--shapes", "2/1/32", "--steps", "1", "--warmup", "1"),
             *("--out", str(out)),
         ]
     )
     rows = {r["levers"]: r for r in map(json.loads, out.read_text().splitlines())}
-    assert code == 0 and sorted(rows) == ["fast", "fast-bf16"]
+    assert code == 0 and sorted(rows) == ["fast", "fast-bf16-reduce"]
     assert rows["fast"]["optimizer_kernel"] == "fused" and rows["fast"]["param_dtype"] == "float32"
-    assert rows["fast-bf16"]["optimizer"] == "torchao.optim.adam._AdamW"
-    assert rows["fast-bf16"]["state_dtype"] == "bfloat16"
+    assert rows["fast"]["grad_reduce_dtype"] == "float32"  # verl's default: bf16 gradients cast to fp32
+    bf16 = rows["fast-bf16-reduce"]
+    assert bf16["optimizer"] == "torchao.optim.adam._AdamW" and bf16["state_dtype"] == "bfloat16"
+    assert bf16["grad_reduce_dtype"] == "bfloat16"  # FSDP2 reduces the gradients as computed
     assert all(
         r["reshard_after_forward"] is False and r["model"] == "qwen3_5_moe_text 4L h64 8e"
         for r in rows.values()
     )
     summary = out.with_suffix(".md").read_text()
-    assert "| verl-padded +fast-bf16 | torch | 2/1/32 | 1 ok, 0 failed |" in summary
+    assert "| verl-padded +fast-bf16-reduce | torch | 2/1/32 | 1 ok, 0 failed |" in summary

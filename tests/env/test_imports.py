@@ -61,3 +61,23 @@ def test_missing_module_fails_then_the_fallback_wheel_is_added(
 def test_the_workflow_imports_here() -> None:
     """The CPU environment runs Snakemake: the `workflow` list imports (what a GPU target must carry)."""
     assert imports.check(imports.WORKFLOW_MODULES, None, {})["imports"] == "ok"
+
+
+def test_the_trainer_selection_needs_no_vllm_and_imports_here() -> None:
+    """`--what train`/`bench` (what a wheelhouse of containers/wheelhouse-gpu.txt alone must satisfy) names
+    no vLLM module, is part of the GRPO run's set, and, fla aside (GPU only), imports on this stack."""
+    assert not [m for m in imports.TRAIN_MODULES if m.split(".")[0] == "vllm"]
+    assert set(imports.TRAIN_MODULES) <= set(imports.RUN_MODULES)
+    here = tuple(m for m in imports.TRAIN_MODULES if not m.startswith("fla."))
+    assert imports.check(here, None, {}) == {"imports": "ok", "modules": list(here), "added": []}
+
+
+def test_the_wheelhouse_selections_split_trainer_and_rollout() -> None:
+    """The rollout's names are only in wheelhouse-vllm.txt, the trainer's only in wheelhouse-gpu.txt."""
+    from engine.env.wheelhouse import read_names
+    from tests.conftest import ROOT
+
+    train = read_names(str(ROOT / "containers/wheelhouse-gpu.txt"))
+    rollout = read_names(str(ROOT / "containers/wheelhouse-vllm.txt"))
+    assert {"verl", "ray", "flash-linear-attention", "triton"} <= train
+    assert "vllm" in rollout and not train & rollout

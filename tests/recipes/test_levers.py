@@ -19,6 +19,13 @@ EXPECTED = {
     "fused": {"actor_rollout_ref.actor.optim.override_optimizer_config": {"fused": True}},
     "no-reshard": {"actor_rollout_ref.actor.fsdp_config.reshard_after_forward": False},
     "no-sync": {"actor_rollout_ref.actor.fsdp_config.use_no_sync_for_gradient_accumulation": True},
+    "bf16-reduce": {
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision": {
+            "param_dtype": "bf16",
+            "reduce_dtype": "bf16",
+            "buffer_dtype": "fp32",
+        }
+    },
     "bf16-sr": {
         "actor_rollout_ref.actor.fsdp_config.model_dtype": "bf16",
         "actor_rollout_ref.actor.optim.optimizer_impl": "torchao.optim",
@@ -52,6 +59,7 @@ def test_bundles_are_their_parts_and_later_wins() -> None:
     assert fast == levers.lever_sets(["fused", "no-reshard"])
     assert levers.lever_sets(["fused", "bf16-sr"])[-1] == "actor.optim.precision=bf16_sr"
     assert levers.lever_sets(["fast+no-sync"]) == levers.lever_sets(["fast", "no-sync"])
+    assert levers.lever_fields(["fast-bf16-reduce"]) == levers.lever_fields(["fast-bf16", "bf16-reduce"])
     assert levers.lever_names("fast+no-sync,fused") == ["fast+no-sync", "fused"]
     for bad in ("fused,turbo", "fast+turbo"):
         with pytest.raises(UserError, match="unknown lever"):
@@ -100,6 +108,31 @@ def test_verl_builds_the_optimizer_each_lever_names(lever: str) -> None:
         assert dtype == torch.bfloat16
     else:
         assert type(optimizer) is torch.optim.AdamW and optimizer.defaults[lever] is True
+
+
+def test_verl_reads_the_bf16_reduce_into_its_engine_config() -> None:
+    """The added key composes with verl's trainer config and reaches FSDPEngineConfig.mixed_precision,
+    which verl's FSDP2 engine turns into MixedPrecisionPolicy(reduce_dtype=bf16)."""
+    verl = pytest.importorskip("verl")
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+
+    compiled = plan.compile_recipe(loader.load("tiny_cpu", "cpu", levers.lever_sets(["bf16-reduce"])))
+    assert "+actor_rollout_ref.actor.fsdp_config.mixed_precision=" in " ".join(compiled.overrides)
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=compiled.overrides)
+    engine_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.fsdp_config)
+    assert engine_config.mixed_precision == levers.BF16_REDUCE
+
+
+def test_bf16_reduce_is_refused_with_fsdp_turbo() -> None:
+    from engine.preflight import plan_checks
+
+    compiled = plan.compile_recipe(loader.load("qwen35_35b", "gpu", ["actor.reduce_dtype=bf16"]))
+    problems = plan_checks._levers(compiled)
+    assert any("actor.reduce_dtype=bf16" in p and "fsdp_turbo" in p for p in problems)
+    assert not plan_checks._levers(plan.compile_recipe(loader.load("qwen35_35b", "gpu")))
 
 
 def test_cli_levers_expand_to_sets_in_order() -> None:

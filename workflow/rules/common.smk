@@ -290,6 +290,8 @@ def bench_args(stage):
     bench, spec = config["bench"], config["bench"]["stages"][stage]
     options = {k: spec[k] for k in ("modes", "shapes", "levers")}
     options |= {k: bench[k] for k in ("kernels", "steps", "repeats")}
+    if spec.get("profile"):
+        options["profile"] = BENCH / "profile" / stage
     return shlex.join(str(a) for k, v in options.items() for a in (f"--{k}", v))
 
 
