@@ -18,7 +18,9 @@ SEEDS = {  # baseline file -> (records it was made from, model tag of their rows
         DENSE_TAG,
     ),
     "h200-2026-12-01-moe-35b-a3b-6l.json": (["docs/records/h200-moe-2026-12-01/bench/moe.jsonl"], MOE_TAG),
+    "h200-2026-12-04-moe-levers.json": (["docs/records/h200-levers-2026-12-04/bench/moe.jsonl"], None),
 }
+OLD_MOE = compare.BASELINES / "h200-2026-12-01-moe-35b-a3b-6l.json"
 
 
 @pytest.mark.parametrize("name", sorted(SEEDS))
@@ -66,7 +68,7 @@ def test_one_repeat_against_the_median_of_three_names_what_moved() -> None:
 
 def test_slower_or_larger_runs_regress_faster_or_smaller_do_not(tmp_path: Path) -> None:
     record = compare.read_rows(ROOT / "docs/records/h200-moe-2026-12-01/bench/moe.jsonl", MOE_TAG)
-    baselines = compare.load_baselines(sorted(compare.BASELINES.glob("*.json")))
+    baselines = compare.load_baselines([OLD_MOE])
 
     def verdicts(speed: float, memory: float) -> set[tuple[str, str]]:
         rows = [
@@ -106,3 +108,16 @@ def test_a_newer_baseline_wins_and_a_foreign_file_is_refused(tmp_path: Path) -> 
     (tmp_path / "bad.json").write_text(json.dumps({"schema": "other"}))
     with pytest.raises(UserError, match="schema"):
         compare.load_baselines([tmp_path / "bad.json"])
+
+
+def test_the_lever_run_replays_its_comparison_with_the_first_baseline() -> None:
+    """The 2026-12-04 lever run (medians of three) against the 2026-12-01 single repeat, as the GPU job
+    printed it (compare-moe.json): baseline 4/2/2048 improved by 10.8%, 4/4/2048 within at +2.3%, peaks
+    within, every lever row new."""
+    record = ROOT / "docs/records/h200-levers-2026-12-04/bench"
+    rows = compare.read_rows(record / "moe.jsonl")
+    lines = compare.compare(rows, compare.load_baselines([OLD_MOE]), 0.05, 0.01)
+    assert lines == json.loads((record / "compare-moe.json").read_text())
+    speed = {line["config"]: line["verdict"] for line in lines if line["figure"] == "tokens_per_s"}
+    assert sorted(speed.values()) == ["improved", "within"]
+    assert not any(line["regression"] for line in lines)
