@@ -173,7 +173,8 @@ def test_bench_levers_runs_every_configured_stage_and_compares_it(scratch: Path)
     commands = [line for line in proc.stdout.splitlines() if "benchmarks.gpu_bench run" in line]
     moe = next(c for c in commands if "--out results/bench/moe.jsonl" in c)
     assert "--model results/models/Qwen3.5-35B-A3B-6L" in moe and "--repeats 3" in moe
-    assert "--levers baseline,fused,no-reshard,no-sync,bf16-sr,fast,fast-bf16+no-sync" in moe
+    assert "--levers baseline,fused,fast,bf16-sr,fast-bf16,fast-bf16-reduce+no-sync" in moe
+    assert "--profile results/bench/profile/moe" in moe
     one = snakemake(scratch, "-np", "bench_levers", "--config", "bench_stages=[moe]", "small_models=true")
     assert one.returncode == 0 and job_counts(one.stdout)["bench_trainer"] == 1, one.stderr[-2000:]
     assert "--model results/models/small/Qwen3.5-35B-A3B-6L" in one.stdout  # never the full-size one
