@@ -17,7 +17,6 @@ export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/results/triton-cache}  # the sm
 export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$PWD/results/inductor-cache}  # torchao's step
 mkdir -p results
-if [ "${CHECK_IMPORTS:-all}" != none ]; then
-    python3 -m engine check-imports --what "${CHECK_IMPORTS:-all}" --site "$site" --out results/imports.json
-fi
+check=${CHECK_IMPORTS:-all}
+[ "$check" = none ] || python3 -m engine check-imports --what "$check" --site "$site" --out results/imports.json
 exec python3 -m snakemake "$@"

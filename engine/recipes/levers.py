@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.errors import UserError
-from engine.recipes.schema import Optim
+from engine.recipes.schema import Actor, Optim
 
 # verl's optimizer that keeps bf16 weights and moments and writes the fp32 update back with stochastic
 # rounding (verl's build_optimizer documents it: optimizer_impl torchao.optim, _AdamW, bf16_stochastic_round).
@@ -61,6 +61,8 @@ LEVERS: dict[str, tuple[dict[str, Any], str]] = {
 # FSDP's mixed precision with gradients reduced in bf16 (verl's FSDPEngineConfig.mixed_precision; its
 # default is param bf16, reduce fp32, buffers fp32)
 BF16_REDUCE = {"param_dtype": "bf16", "reduce_dtype": "bf16", "buffer_dtype": "fp32"}
+# fsdp_config keys of FSDPEngineConfig that verl's trainer yaml leaves out: rendered with Hydra's `+`
+ADDED_FSDP_KEYS = frozenset({"mixed_precision"})
 
 
 def fsdp_keys(defer_gradient_sync: bool, reduce_dtype: str) -> dict[str, Any]:
@@ -136,8 +138,10 @@ def engine_config_kwargs(names: list[str]) -> tuple[dict[str, Any], dict[str, An
     engine: dict[str, Any] = {}
     if "actor.reshard_after_forward" in merged:
         engine["reshard_after_forward"] = merged["actor.reshard_after_forward"]
+    defaults = Actor.model_fields
     engine |= fsdp_keys(
-        bool(merged.get("actor.defer_gradient_sync")), merged.get("actor.reduce_dtype", "fp32")
+        merged.get("actor.defer_gradient_sync", defaults["defer_gradient_sync"].default),
+        merged.get("actor.reduce_dtype", defaults["reduce_dtype"].default),
     )
     optimizer: dict[str, Any] = {}
     for key, value in optimizer_keys(Optim(lr=1.0, **optim_fields)).items():

@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.errors import UserError
 from engine.recipes.hydra import Override
-from engine.recipes.levers import fsdp_keys, optimizer_keys
+from engine.recipes.levers import ADDED_FSDP_KEYS, fsdp_keys, optimizer_keys
 from engine.recipes.models import Family, ModelSpec, lookup
 from engine.recipes.schema import Recipe
 
@@ -202,8 +202,7 @@ def _actor(r: Recipe, family: Family) -> list[Override]:
         Override(f"{actor}.fsdp_config.optimizer_offload", a.optimizer_offload),
     ]
     for key, value in fsdp_keys(a.defer_gradient_sync, a.reduce_dtype).items():
-        # mixed_precision is a field of verl's FSDPEngineConfig that its trainer yaml leaves out
-        entries.append(Override(f"{actor}.fsdp_config.{key}", value, "+" if key == "mixed_precision" else ""))
+        entries.append(Override(f"{actor}.fsdp_config.{key}", value, "+" if key in ADDED_FSDP_KEYS else ""))
     entries += [Override(f"{actor}.{key}", value) for key, value in levers.items()]
     if a.strategy != "fsdp_turbo":
         entries.append(Override(f"{actor}.fsdp_config.fsdp_size", r.parallel.fsdp))
