@@ -31,21 +31,30 @@ from engine.recipes.levers import lever_fields, lever_names
 REFERENCE = "baseline"
 CONTROL = "bf16-rn"  # not a lever: bf16 weights with torch's AdamW (round to nearest)
 MIN_DROP = 1e-3  # the reference's loss must fall by 0.1% on its first batch for drops to be compared
-# Tolerances against the fp32 reference over the steps (relative): levers that keep fp32 master
-# weights change only the order of floating-point sums; bf16 master weights (stochastic rounding) add
-# unbiased noise of the size of a bf16 ulp per update. `drop` bounds |1 - drop / reference drop|.
+# Tolerances against the fp32 reference over the steps (relative). `exact`: levers that leave every
+# operation as it was (the same kernels in another schedule): bitwise equal on the CPU and on one H200.
+# `rounding`: levers that round differently (another optimizer kernel, bf16 master weights with
+# stochastic rounding, gradients summed in bf16): over 24 steps the difference grows from an ulp. Set
+# from the H200 run of 2026-12-04 (0.8B, lr 1e-4; docs/records/h200-levers-2026-12-04b): the largest
+# lever there (fused 5.2e-3 / 2.3e-2, fast-bf16 1.6e-2 / 3.7e-2) is ~2x inside, the control (bf16-rn,
+# 0.107 / 0.202) 3.6x and 2x outside. `drop` bounds |1 - drop / reference drop|.
 TOLERANCE = {
     "exact": {"loss": 1e-3, "drop": 0.02, "grad_norm": 1e-2},
-    "bf16": {"loss": 0.01, "drop": 0.10, "grad_norm": 0.05},
+    "rounding": {"loss": 0.03, "drop": 0.10, "grad_norm": 0.10},
 }
 
 
 def tolerance_class(lever: str) -> str:
-    """bf16 master weights, or gradients summed in bf16 (bf16-reduce: across devices and deferred
-    micro-batches), are held to the bf16 tolerances; everything else only reorders fp32 sums."""
+    """A lever that changes the optimizer's kernel, keeps bf16 master weights, or sums gradients in bf16
+    (bf16-reduce: across devices and deferred micro-batches) is held to `rounding`; one that only
+    reschedules the same operations to `exact`."""
     fields = {} if lever == CONTROL else lever_fields([lever])
-    bf16 = fields.get("actor.optim.precision") == "bf16_sr" or fields.get("actor.reduce_dtype") == "bf16"
-    return "bf16" if lever == CONTROL or bf16 else "exact"
+    rounds = (
+        fields.get("actor.optim.precision") == "bf16_sr"
+        or fields.get("actor.reduce_dtype") == "bf16"
+        or fields.get("actor.optim.implementation") == "fused"
+    )
+    return "rounding" if lever == CONTROL or rounds else "exact"
 
 
 def engine_levers(lever: str) -> list[str]:

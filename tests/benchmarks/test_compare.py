@@ -19,8 +19,10 @@ SEEDS = {  # baseline file -> (records it was made from, model tag of their rows
     ),
     "h200-2026-12-01-moe-35b-a3b-6l.json": (["docs/records/h200-moe-2026-12-01/bench/moe.jsonl"], MOE_TAG),
     "h200-2026-12-04-moe-levers.json": (["docs/records/h200-levers-2026-12-04/bench/moe.jsonl"], None),
+    "h200-2026-12-04-dense-levers.json": (["docs/records/h200-levers-2026-12-04b/bench/dense.jsonl"], None),
 }
 OLD_MOE = compare.BASELINES / "h200-2026-12-01-moe-35b-a3b-6l.json"
+OLD_DENSE = compare.BASELINES / "h200-2026-12-01-dense-0p8b.json"
 
 
 @pytest.mark.parametrize("name", sorted(SEEDS))
@@ -58,7 +60,8 @@ def _run(rows: Path, *extra: str) -> tuple[int, str]:
 
 def test_one_repeat_against_the_median_of_three_names_what_moved() -> None:
     """rep 1 of the dense record against the median of its three repeats: verl's rows 6.4% and 5.1% slower."""
-    code, out = _run(ROOT / "docs/records/h200-vllm-2026-12-01/bench/rep1.jsonl", "--model", DENSE_TAG)
+    rep1 = ROOT / "docs/records/h200-vllm-2026-12-01/bench/rep1.jsonl"
+    code, out = _run(rep1, "--model", DENSE_TAG, "--baseline", str(OLD_DENSE))
     regressed = [line for line in out.splitlines() if line.startswith("regressed")]
     assert code == 1 and len(regressed) == 2
     assert all("tokens_per_s" in line for line in regressed)
@@ -121,3 +124,18 @@ def test_the_lever_run_replays_its_comparison_with_the_first_baseline() -> None:
     speed = {line["config"]: line["verdict"] for line in lines if line["figure"] == "tokens_per_s"}
     assert sorted(speed.values()) == ["improved", "within"]
     assert not any(line["regression"] for line in lines)
+
+
+def test_the_dense_run_says_which_figure_moved_since_the_first_dense_baseline() -> None:
+    """The 2026-12-04 dense repeat against the 2026-12-01 medians (compare-dense.json): plain FSDP2 +44.5%,
+    verl's engine -14.3% (a regression beyond 5%, exit 1), both peaks unchanged, the lever rows new."""
+    record = ROOT / "docs/records/h200-levers-2026-12-04b/bench"
+    lines = compare.compare(
+        compare.read_rows(record / "dense.jsonl"), compare.load_baselines([OLD_DENSE]), 0.05, 0.01
+    )
+    assert lines == json.loads((record / "compare-dense.json").read_text())
+    moved = {(line["config"].split("mode=")[1].split()[0], line["figure"]): line["verdict"] for line in lines}
+    assert moved[("plain", "tokens_per_s")] == "improved"
+    assert moved[("verl-packed", "tokens_per_s")] == "regressed"
+    assert moved[("plain", "peak_alloc_gib")] == moved[("verl-packed", "peak_alloc_gib")] == "within"
+    assert [line["regression"] for line in lines].count(True) == 1

@@ -39,10 +39,13 @@ rule trainer_numerics:
     params:
         seq=config["bench"]["numerics"]["seq"],
         lr=config["bench"]["numerics"]["lr"],
+        kept=BENCH / "logs" / "numerics.failed.jsonl",
         python=python(),
     shell:
+        # a lever out of its tolerance fails the job, and Snakemake removes a failed job's output: the
+        # rows that show why are kept beside the log
         "{params.python} -m benchmarks.trainer_numerics --model {input.model} --seq {params.seq} "
-        "--lr {params.lr} --out {output} > {log} 2>&1"
+        "--lr {params.lr} --out {output} > {log} 2>&1 || {{ cp {output} {params.kept} 2>/dev/null; exit 1; }}"
 
 
 # a regression (throughput or peak memory beyond the tolerance) fails the job; its report stays in the log

@@ -1,0 +1,73 @@
+"""The rollout step-time comparison, replayed on the kept GPU GRPO records."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import rollout_ratio
+from engine.errors import UserError
+from engine.run.rundir import RunDir
+
+ROOT = Path(__file__).resolve().parents[2]
+SAVED_AT_4 = ROOT / "docs/records/h200-vllm-2026-12-01/smoke"  # 4 steps, checkpoint at step 4
+NO_SAVE = ROOT / "docs/records/h200-levers-2026-12-04b/grpo/vllm"  # 4 steps, --levers fast, save_freq -1
+
+
+def _step_times(run: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: row["data"]["timing_s/step"] for row in rows}
+
+
+def test_steady_steps_leave_out_the_first_and_every_save() -> None:
+    summary = rollout_ratio.summarize_run(RunDir(SAVED_AT_4), first=2)
+    assert summary["steps"] == [2, 3] and summary["saved_steps_left_out"] == [4]
+    times = _step_times(SAVED_AT_4)
+    assert summary["phases"]["step"]["median"] == pytest.approx(statistics.median([times[2], times[3]]))
+    assert summary["phases"]["step"]["max"] < times[4]  # the save step (14.1 s) is not in the figure
+
+    levers = rollout_ratio.summarize_run(RunDir(NO_SAVE), first=2)
+    assert levers["steps"] == [2, 3, 4] and levers["saved_steps_left_out"] == []
+    assert levers["gates"]["rollout_actor_agreement"] == "pass"
+    assert "actor.optim.implementation=fused" in levers["sets"]
+
+
+def test_a_run_whose_steady_steps_all_saved_is_refused() -> None:
+    with pytest.raises(UserError, match=r"no step from step 4 on without a checkpoint save \(saved: \[4\]\)"):
+        rollout_ratio.summarize_run(RunDir(SAVED_AT_4), first=4)
+
+
+def test_different_batches_are_refused(tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(NO_SAVE, other)
+    rows = [json.loads(line) for line in (other / "metrics.jsonl").read_text().splitlines()]
+    rows[2]["data"]["response_length/mean"] = 16.0
+    (other / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    slow, fast = (rollout_ratio.summarize_run(RunDir(p), first=2) for p in (other, NO_SAVE))
+    with pytest.raises(UserError, match=r"response_length/mean differs .*not the same batch"):
+        rollout_ratio.compare(slow, fast)
+
+
+def test_cli_writes_the_ratio_of_the_medians(tmp_path: Path) -> None:
+    out = tmp_path / "ratio.json"
+    cmd = [sys.executable, "-m", "benchmarks.rollout_ratio", str(NO_SAVE), str(SAVED_AT_4)]
+    done = subprocess.run(
+        [*cmd, "--labels", "fast,dec01", "--json", str(out)], cwd=ROOT, text=True, capture_output=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "dec01: steps [4] saved a checkpoint and are left out" in done.stdout
+    summary = json.loads(out.read_text())
+    levers, dec01 = _step_times(NO_SAVE), _step_times(SAVED_AT_4)
+    expected = statistics.median([levers[s] for s in (2, 3, 4)]) / statistics.median([dec01[2], dec01[3]])
+    assert summary["ratios"]["step"] == pytest.approx(expected)
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bad = subprocess.run([*cmd[:3], str(empty), str(NO_SAVE)], cwd=ROOT, text=True, capture_output=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "is missing" in bad.stderr
