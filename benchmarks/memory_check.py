@@ -1,8 +1,9 @@
 """`python -m benchmarks.memory_check ROWS.jsonl --recipe NAME`: preflight's memory estimate
 (engine/preflight/memory.py) against the peaks `benchmarks.gpu_bench` measured, one row per shape.
 
-Each measured row (batch/mbs/seq on N GPUs) becomes the recipe with that micro-batch, a prompt and a
-response of seq/2 each and N-way FSDP, so the estimate sees the shape the benchmark ran. Prints a
+Each measured row (batch/mbs/seq on N GPUs, its levers) becomes the recipe with the row's levers, one
+optimizer step of batch x N sequences in micro-batches of mbs, a prompt and a response of seq/2 each
+and N-way FSDP, so the estimate sees the step the benchmark ran. Prints a
 markdown table (measured, estimated, error) and exits 1 when an error exceeds --tolerance.
 """
 
@@ -16,19 +17,25 @@ from engine import bounds
 from engine.errors import ArgumentParser, UserError, entry
 from engine.preflight.memory import memory_estimate
 from engine.recipes import loader, plan
+from engine.recipes.levers import lever_names, lever_sets
 
 
 def estimate_row(recipe: str, row: dict[str, Any], sets: list[str]) -> float:
-    """The train-phase estimate (GiB per device) of `recipe` at the row's shape."""
+    """The train-phase estimate (GiB per device) of `recipe` at the row's shape, with the row's levers."""
     half = row["seq"] // 2
+    sequences = row["batch"] * row["gpus"]  # one optimizer step of the row: its micro-batches per step
     shape = [
+        f"data.train_batch_size={sequences}",
+        f"actor.ppo_mini_batch_size={sequences}",
+        "rollout.n=1",
         f"actor.ppo_micro_batch_size_per_device={row['mbs']}",
         f"data.max_prompt_length={half}",
         f"data.max_response_length={row['seq'] - half}",
         f"parallel.fsdp={row['gpus']}",
         f"cluster.devices_per_node={row['gpus']}",
     ]
-    resolved = loader.load(recipe, "gpu", [*sets, *shape])
+    levers = lever_sets(lever_names(row.get("levers", "baseline")))
+    resolved = loader.load(recipe, "gpu", [*sets, *levers, *shape])
     return memory_estimate(plan.compile_recipe(resolved))["train_gib"]
 
 
@@ -50,10 +57,12 @@ def compare(paths: list[Path], recipe: str, sets: list[str], modes: tuple[str, .
 
 
 def markdown(rows: list[dict]) -> str:
-    text = "| run | GPUs | batch/mbs/seq | measured GiB | estimate GiB | error |\n|---|---|---|---|---|---|\n"
+    text = "| run | levers | GPUs | batch/mbs/seq | measured GiB | estimate GiB | error |\n"
+    text += "|---|---|---|---|---|---|---|\n"
     for r in rows:
         shape = f"{r['batch']}/{r['mbs']}/{r['seq']}"
-        text += f"| {r['mode']} | {r['gpus']} | {shape} | {r['peak_alloc_gib']:.2f} | "
+        text += f"| {r['mode']} | {r.get('levers', 'baseline')} | {r['gpus']} | {shape} | "
+        text += f"{r['peak_alloc_gib']:.2f} | "
         text += f"{r['estimate_gib']:.2f} | {100 * r['error']:+.1f}% |\n"
     return text
 

@@ -9,17 +9,20 @@ from __future__ import annotations
 from engine.recipes.plan import Plan
 
 GIB = 1024**3
-# Measured peak / modelled (activations + logits) on one and two H200s through verl's FSDP2 engine
-# (packed, fla kernels, chunked entropy and log-probs, no recompute): 1.8 keeps all five measured
-# settings within +-15% (-10.2% to +2.4%, docs/reference/performance.md). The unmodelled part is the bf16
-# logits and their gradient next to the fp32 chunk, and autograd's saved gated-delta-net tensors.
-ACTIVATION_CALIBRATION = 1.8
+# Measured peak / modelled (activations + logits) on H200s through verl's FSDP2 engine (packed, fla
+# kernels, chunked entropy and log-probs, no recompute). 1.8 kept the five settings of 2026-11-30 within
+# +-15%. Since the backward peak of a one-micro-batch step holds no gradients (GRAD_BYTES), 1.9 keeps every
+# kept record within -10.9% (the 0.8B padded) to +11.5% (bf16-sr on the MoE at 4/4/2048): the dense rows of
+# 2026-12-01 and 2026-12-04, the MoE rows of 2026-12-01 and every lever row of 2026-12-04
+# (tests/benchmarks/test_memory_check.py). The unmodelled part is the bf16 logits and their gradient
+# next to the fp32 chunk, and autograd's saved gated-delta-net tensors.
+ACTIVATION_CALIBRATION = 1.9
 # torch's AdamW (foreach, what verl's FSDP engines use) computes its update in temporaries the size of
 # the parameters (fp32): 4 bytes per parameter on top of the states at the optimizer step. Measured: the
 # 35B-A3B shape at 6 layers peaks at 115.01 GiB = 20 B x 6.17 B parameters at every batch shape, above
 # its backward peak (docs/reference/performance.md); for the dense 0.8B the activations peak higher.
 OPTIMIZER_STEP_BYTES = 4
-# The trainer levers (engine.recipes.levers; not yet measured on a GPU, docs/reference/trainer-levers.md):
+# The trainer levers (engine.recipes.levers; measured on one H200, docs/reference/trainer-levers.md):
 # fused AdamW updates in place (no temporaries); torchao's compiled bf16 step reads and writes each tensor in
 # one generated kernel (none either). bf16_sr keeps weights and gradients (2 B each) and both moments
 # (2 B each) in bf16: 8 B per parameter instead of 16, 6 resident instead of 12.
@@ -35,8 +38,15 @@ RESIDENT_BYTES_BF16 = 6
 GATHERED_BYTES = 2
 # With defer_gradient_sync FSDP2 accumulates a step's gradients unsharded, in the reduce dtype (fp32 by
 # default, bf16 with actor.reduce_dtype=bf16), until its last micro-batch: 4 (2) B per parameter while a
-# step has more than one micro-batch per device.
+# step has more than one micro-batch per device, in place of the sharded gradients (not allocated until
+# the reduce): on one device it costs nothing (measured 2026-12-04: fast-bf16 with and without
+# bf16-reduce+no-sync peak alike at 4/2 and 8/4).
 DEFERRED_GRAD_BYTES = {"fp32": 4, "bf16": 2}
+# The sharded gradients, part of STATE_BYTES. With one micro-batch per step they fill during the backward
+# pass as its activations are freed, so the backward peak (all activations kept) holds none of them and
+# the full gradients count at the optimizer step alone. Measured 2026-12-04 (35B-A3B at 6 layers, one
+# H200): at 4/4/2048 fused peaks at 94.6 GiB where 4/2 and 8/4 (two micro-batches) peak at 104-114.
+GRAD_BYTES = {"fp32": 4, "bf16_sr": 2}
 
 
 def layer_activation_bytes(plan: Plan, tokens: float) -> float:
@@ -55,8 +65,9 @@ def memory_estimate(plan: Plan) -> dict[str, float]:
 
     Training states: fp32 master weights, fp32 grads and AdamW moments (16 bytes/param; 8 with
     actor.optim.precision=bf16_sr), sharded over the FSDP group (experts over the EP group); on the host
-    when offloaded. The training peak is the larger of backward (states + activations + logits, + the
-    gathered model without reshard_after_forward, + unsharded gradients with defer_gradient_sync) and
+    when offloaded. The training peak is the larger of backward (states + activations + logits, less
+    the gradients with one micro-batch per step, + the gathered model without reshard_after_forward, +
+    unsharded gradients beyond the sharded ones with defer_gradient_sync) and
     the optimizer step (states + AdamW's temporaries,
     none when fused). Rollout: vLLM takes `gpu_memory_utilization` of the device while the resident
     training states (weights and moments, no gradients) stay.
@@ -78,8 +89,10 @@ def memory_estimate(plan: Plan) -> dict[str, float]:
     micro_batches = (
         a.ppo_mini_batch_size * r.rollout.n / plan.data_parallel_size / a.ppo_micro_batch_size_per_device
     )
-    if a.defer_gradient_sync and a.strategy != "fsdp_turbo" and (micro_batches > 1 or a.use_dynamic_bsz):
-        held += DEFERRED_GRAD_BYTES[a.reduce_dtype] * unsharded
+    accumulates = micro_batches > 1 or a.use_dynamic_bsz
+    grads = 0.0 if offloaded else GRAD_BYTES[optim.precision] * per_device_params
+    if a.defer_gradient_sync and a.strategy != "fsdp_turbo" and accumulates:
+        held += max(0.0, DEFERRED_GRAD_BYTES[a.reduce_dtype] * unsharded - grads)
     ref = (
         0.0
         if (r.ref.offload_policy or not (a.use_kl_loss or r.algorithm.use_kl_in_reward))
@@ -95,7 +108,7 @@ def memory_estimate(plan: Plan) -> dict[str, float]:
     logits = 4 * mbs * seq * m.vocab_size * (1 if a.entropy_from_logits_with_chunking else 2)
     # calibrated where measured (verl's FSDP/FSDP2 engine); fsdp_turbo's recompute path is unmeasured
     scale = ACTIVATION_CALIBRATION if a.strategy in ("fsdp", "fsdp2") else 1.0
-    backward = states + ref + held + scale * (activations + logits)
+    backward = states - (0.0 if accumulates else grads) + ref + held + scale * (activations + logits)
     temporaries = 0 if optim.precision == "bf16_sr" else STEP_BYTES[optim.implementation]
     step = 0.0 if offloaded else states + ref + temporaries * per_device_params
     train = max(backward, step) / GIB
