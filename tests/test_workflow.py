@@ -175,6 +175,25 @@ def test_bench_levers_runs_every_configured_stage_and_compares_it(scratch: Path)
     assert "--model results/models/Qwen3.5-35B-A3B-6L" in moe and "--repeats 3" in moe
     assert "--levers baseline,fused,fast,bf16-sr,fast-bf16,fast-bf16-reduce+no-sync" in moe
     assert "--profile results/bench/profile/moe" in moe
+    # the rollout stage: both rollouts on the hf recipe's data and model, the same levers, no save
+    assert counts["rollout_run"] == 2 and counts["rollout_ratio"] == 1
+    runs = {
+        side: next(c for c in proc.stdout.splitlines() if f"--out results/bench/rollout/{side}" in c)
+        for side in ("hf", "vllm")
+    }
+    assert "engine run smoke_gpu_h200 " in runs["hf"] and "engine run smoke_qwen35_0p8b_h200 " in runs["vllm"]
+    shared = runs["hf"].split(" --device ")[1].split(" --out ")[0]
+    assert shared == runs["vllm"].split(" --device ")[1].split(" --out ")[0]
+    for needed in (
+        "--levers fast",
+        "trainer.save_freq=-1",
+        "trainer.total_training_steps=4",
+        "results/smoke_gpu_h200/data/train.parquet",
+        "model.path=",
+        "actor.strategy=fsdp2",
+    ):
+        assert needed in shared, needed
+    assert "benchmarks.rollout_ratio results/bench/rollout/hf results/bench/rollout/vllm" in proc.stdout
     one = snakemake(scratch, "-np", "bench_levers", "--config", "bench_stages=[moe]", "small_models=true")
     assert one.returncode == 0 and job_counts(one.stdout)["bench_trainer"] == 1, one.stderr[-2000:]
     assert "--model results/models/small/Qwen3.5-35B-A3B-6L" in one.stdout  # never the full-size one

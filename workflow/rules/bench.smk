@@ -1,6 +1,7 @@
 # Trainer benchmarks on one GPU (docs/reference/trainer-levers.md): each trainer lever's own effect on the
 # 35B-A3B architecture at 6 layers and on the dense 0.8B beside plain FSDP2, packing on the MoE, the
-# levers' numerics through verl's engine, and each stage compared with its regression baseline.
+# levers' numerics through verl's engine, each stage compared with its regression baseline, and the
+# GRPO step with the hf rollout against verl's vLLM rollout.
 #   snakemake --profile profiles/h200 bench_levers --config 'bench_stages=[moe]'
 
 
@@ -62,3 +63,45 @@ rule compare_baseline:
         python=python(),
     shell:
         "{params.python} -m benchmarks.compare {input} --json {output} > {log} 2>&1"
+
+
+# The GRPO step with each rollout on one batch (bench.rollout): a fresh run each, then their steady steps
+# compared (benchmarks.rollout_ratio leaves out step 1 and any step that saved a checkpoint)
+rule rollout_run:
+    input:
+        rollout_inputs,
+    output:
+        BENCH / "rollout" / "{side}" / "run.json",
+    log:
+        BENCH / "logs" / "rollout.{side}.log",
+    wildcard_constraints:
+        side="hf|vllm",
+    container:
+        gpu_image
+    resources:
+        accelerator_jobs=1,
+    params:
+        # this rule's own run directory: a run left by an earlier attempt would resume instead of train
+        rundir=lambda wc: BENCH / "rollout" / wc.side,
+        launch=lambda wc: rollout_command(wc.side),
+    shell:
+        "rm -rf {params.rundir}; {params.launch} > {log} 2>&1"
+
+
+rule rollout_ratio:
+    input:
+        hf=BENCH / "rollout" / "hf" / "run.json",
+        vllm=BENCH / "rollout" / "vllm" / "run.json",
+    output:
+        BENCH / "rollout-ratio.json",
+    log:
+        BENCH / "logs" / "rollout-ratio.log",
+    container:
+        gpu_image
+    params:
+        python=python(),
+        hf=subpath(input.hf, parent=True),
+        vllm=subpath(input.vllm, parent=True),
+    shell:
+        "{params.python} -m benchmarks.rollout_ratio {params.hf} {params.vllm} --labels hf,vllm "
+        "--json {output} > {log} 2>&1"

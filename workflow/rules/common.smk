@@ -295,19 +295,53 @@ def bench_args(stage):
     return shlex.join(str(a) for k, v in options.items() for a in (f"--{k}", v))
 
 
+BENCH_OUTPUTS = {
+    "numerics": BENCH / "numerics.jsonl",
+    "rollout": BENCH / "rollout-ratio.json",
+}
+
+
 def bench_targets():
-    stages = config["bench_stages"] or [*config["bench"]["stages"], "numerics"]
+    stages = config["bench_stages"] or [*config["bench"]["stages"], *BENCH_OUTPUTS]
     unknown = [
-        s for s in stages if s != "numerics" and s not in config["bench"]["stages"]
+        s
+        for s in stages
+        if s not in BENCH_OUTPUTS and s not in config["bench"]["stages"]
     ]
     if unknown:
         fail(
-            f"--config bench_stages: {unknown} not in bench.stages ({', '.join(config['bench']['stages'])})"
+            f"--config bench_stages: {unknown} not in bench.stages "
+            f"({', '.join([*config['bench']['stages'], *BENCH_OUTPUTS])})"
         )
-    return [
-        BENCH / ("numerics.jsonl" if s == "numerics" else f"compare-{s}.json")
-        for s in stages
-    ]
+    return [BENCH_OUTPUTS.get(s, BENCH / f"compare-{s}.json") for s in stages]
+
+
+def rollout_recipe(side):
+    spec = config["bench"].get("rollout") or fail(
+        "the rollout stage needs bench.rollout in the config (workflow/config.yaml)"
+    )
+    return spec[side]
+
+
+def rollout_inputs(wildcards):
+    """The data and model of the hf recipe: both runs train on them, so their batches are the same."""
+    recipe = rollout_recipe("hf")
+    built = built_model(recipe, resolved(recipe)[1])
+    return [ChainDir.of(recipe).manifest, *([built] if built else [])]
+
+
+def rollout_command(side):
+    """`engine run` of one side: the hf recipe's data and model, the levers, no checkpoint save."""
+    spec, recipe = config["bench"]["rollout"], rollout_recipe(side)
+    device = resolved(recipe)[1]
+    sets = base_sets(rollout_recipe("hf"), resolved(rollout_recipe("hf"))[1])
+    sets += [f"trainer.total_training_steps={spec['steps']}", "trainer.save_freq=-1"]
+    tail = [recipe, "--device", device, "--levers", spec["levers"]]
+    for item in sets:
+        tail += ["--set", item]
+    return shlex.join(
+        [python(), "-m", "engine", "run", *tail, "--out", str(BENCH / "rollout" / side)]
+    )
 
 
 def targets(name):
