@@ -4,7 +4,8 @@ Reads two `engine run` directories (their verl metrics.jsonl and run.json) and c
 every step after the first (which compiles kernels and starts the engines) that saved no checkpoint. A
 step holding `timing_s/save_checkpoint` is left out and listed, so a save can never pass for rollout
 time; two runs whose steady steps trained different token counts are refused (not the same batch).
-Prints per run the median and range of the step and of its phases, and the ratio of the medians.
+Only runs that finished ok (their run.json says so) count. Prints per run the median and range of the
+step and of its phases, and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -57,12 +58,14 @@ def steady_steps(run: RunDir, first: int) -> tuple[list[dict[str, Any]], list[in
 
 
 def summarize_run(run: RunDir, first: int) -> dict[str, Any]:
+    """A finished run's steady steps; a run that did not end ok (failed gates, cut off) is no figure."""
     rows, saved = steady_steps(run, first)
-    record = (
-        fsutil.read_json(run.record, "run record", "pass an `engine run` --out")
-        if run.record.is_file()
-        else {}
-    )
+    fix = "pass the --out of an `engine run` that finished"
+    record = fsutil.read_json(run.record, "run record", fix)
+    if record.get("status") != "ok":
+        raise UserError(
+            f"{run.record}: the run ended {record.get('status')!r}, not 'ok'; {fix} with its gates passed"
+        )
     phases = {}
     for name, key in PHASES.items():
         values = [row["data"][key] for row in rows if key in row["data"]]

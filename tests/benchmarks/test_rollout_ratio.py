@@ -67,6 +67,17 @@ def test_cli_writes_the_ratio_of_the_medians(tmp_path: Path) -> None:
     expected = statistics.median([levers[s] for s in (2, 3, 4)]) / statistics.median([dec01[2], dec01[3]])
     assert summary["ratios"]["step"] == pytest.approx(expected)
 
+    for name, change in (("failed", {"status": "failed"}), ("cut", None)):
+        run = tmp_path / name
+        shutil.copytree(NO_SAVE, run)
+        if change is None:
+            (run / "run.json").unlink()  # killed before it wrote its record
+        else:
+            record = json.loads((run / "run.json").read_text()) | change
+            (run / "run.json").write_text(json.dumps(record))
+        refused = subprocess.run([*cmd[:3], str(run), str(NO_SAVE)], cwd=ROOT, text=True, capture_output=True)
+        assert refused.returncode == 2 and refused.stderr.startswith("error: "), refused.stderr
+        assert ("ended 'failed'" if change else "run.json") in refused.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
     bad = subprocess.run([*cmd[:3], str(empty), str(NO_SAVE)], cwd=ROOT, text=True, capture_output=True)

@@ -45,6 +45,7 @@ rule trainer_numerics:
     shell:
         # a lever out of its tolerance fails the job, and Snakemake removes a failed job's output: the
         # rows that show why are kept beside the log
+        "rm -f {params.kept}; "
         "{params.python} -m benchmarks.trainer_numerics --model {input.model} --seq {params.seq} "
         "--lr {params.lr} --out {output} > {log} 2>&1 || {{ cp {output} {params.kept} 2>/dev/null; exit 1; }}"
 
@@ -82,7 +83,7 @@ rule rollout_run:
         accelerator_jobs=1,
     params:
         # this rule's own run directory: a run left by an earlier attempt would resume instead of train
-        rundir=lambda wc: BENCH / "rollout" / wc.side,
+        rundir=subpath(output[0], parent=True),
         launch=lambda wc: rollout_command(wc.side),
     shell:
         "rm -rf {params.rundir}; {params.launch} > {log} 2>&1"

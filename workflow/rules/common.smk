@@ -177,18 +177,23 @@ def smoke_sets(name):
 
 
 def launch_command(name, kind):
-    """The argv of one run: `engine run` on one node, a Ray cluster bring-up on several. The control is
-    the smoke's run with the loop broken on purpose (`--control`), no checkpoint."""
-    recipe, device = resolved(name)
+    """The argv of one run of the chain. The control is the smoke's run with the loop broken on purpose
+    (`--control`), no checkpoint."""
+    _, device = resolved(name)
     sets = checked_smoke(name) if kind == "smoke" else base_sets(name, device)
     if kind == "control":
         sets = [*base_sets(name, device), "trainer.save_freq=-1"]
-    tail = [name, "--device", device]
-    if kind == "control":
-        tail += ["--control", config["control"]]
+    flags = ["--control", config["control"]] if kind == "control" else []
+    return engine_launch(name, device, flags, sets, run_dir(name, kind))
+
+
+def engine_launch(name, device, flags, sets, out):
+    """`engine run` on one node, a Ray cluster bring-up on several, of recipe `name` with these flags
+    and --set items into `out`."""
+    tail = [name, "--device", device, *flags]
     for item in sets:
         tail += ["--set", item]
-    tail += ["--out", run_dir(name, kind)]
+    tail += ["--out", str(out)]
     if nodes(device) == 1:
         return shlex.join([python(), "-m", "engine", "run", *tail])
     head = [
@@ -331,16 +336,20 @@ def rollout_inputs(wildcards):
 
 
 def rollout_command(side):
-    """`engine run` of one side: the hf recipe's data and model, the levers, no checkpoint save."""
-    spec, recipe = config["bench"]["rollout"], rollout_recipe(side)
-    device = resolved(recipe)[1]
-    sets = base_sets(rollout_recipe("hf"), resolved(rollout_recipe("hf"))[1])
-    sets += [f"trainer.total_training_steps={spec['steps']}", "trainer.save_freq=-1"]
-    tail = [recipe, "--device", device, "--levers", spec["levers"]]
-    for item in sets:
-        tail += ["--set", item]
-    return shlex.join(
-        [python(), "-m", "engine", "run", *tail, "--out", str(BENCH / "rollout" / side)]
+    """The launch of one side: the hf recipe's data and model, the levers, no checkpoint save."""
+    spec, recipe, hf = (
+        config["bench"]["rollout"],
+        rollout_recipe(side),
+        rollout_recipe("hf"),
+    )
+    sets = [
+        *base_sets(hf, resolved(hf)[1]),
+        f"trainer.total_training_steps={spec['steps']}",
+        "trainer.save_freq=-1",
+    ]
+    flags = ["--levers", spec["levers"]]
+    return engine_launch(
+        recipe, resolved(recipe)[1], flags, sets, BENCH / "rollout" / side
     )
 
 
