@@ -10,6 +10,8 @@ replaces verl's row-by-row log-prob fallback (installed by `engine.verl_ext`).
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 import sys
 from typing import Any
@@ -21,25 +23,125 @@ def fla_conv1d_fn(
     """`causal_conv1d_fn` (causal-conv1d's signature, x as [B, D, T]) on fla's Triton causal conv1d.
 
     causal-conv1d is a CUDA source build; fla ships the same operation in Triton, varlen included:
-    packed sequences arrive as `seq_idx` (sequence number per token) and go to fla as cu_seqlens.
+    packed sequences arrive as `seq_idx` (sequence number per token) and go to fla as cu_seqlens
+    (`conv_cu_seqlens`).
     """
     import torch
     import torch.nn.functional as F
 
-    if not x.is_cuda:  # the same operation in torch (what transformers does without a fast path)
-        y = F.conv1d(x, weight.unsqueeze(1), bias, padding=weight.shape[-1] - 1, groups=x.shape[1])
-        y = y[..., : x.shape[-1]]
+    cu_seqlens, cu_seqlens_cpu = conv_cu_seqlens(seq_idx, x.shape[-1])
+    if not x.is_cuda:  # the same operation in torch, one sequence at a time
+        host = cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu
+        bounds = [0, x.shape[-1]] if host is None else host.tolist()
+        parts = []
+        for start, stop in itertools.pairwise(bounds):
+            part = x[..., start:stop]
+            y = F.conv1d(part, weight.unsqueeze(1), bias, padding=weight.shape[-1] - 1, groups=x.shape[1])
+            parts.append(y[..., : part.shape[-1]])
+        y = torch.cat(parts, dim=-1)
         return F.silu(y) if activation in ("silu", "swish") else y
     from fla.modules.causal_conv1d import causal_conv1d
 
-    cu_seqlens = None
-    if seq_idx is not None:
-        counts = torch.bincount(seq_idx.reshape(-1).to(torch.long))
-        cu_seqlens = F.pad(counts.cumsum(0), (1, 0)).to(torch.int32)
     y, _ = causal_conv1d(
-        x.transpose(1, 2), weight=weight, bias=bias, activation=activation, cu_seqlens=cu_seqlens
+        x.transpose(1, 2),
+        weight=weight,
+        bias=bias,
+        activation=activation,
+        cu_seqlens=cu_seqlens,
+        cu_seqlens_cpu=cu_seqlens_cpu,
     )
     return y.transpose(1, 2)
+
+
+# (cu_seqlens, cu_seqlens_cpu) of each gated-delta-net call running now, innermost last
+_PACKED_LENGTHS: list[tuple[Any, Any]] = []
+
+
+def conv_cu_seqlens(seq_idx: Any, length: int) -> tuple[Any, Any]:
+    """The packed lengths for a conv1d over `length` tokens: (cu_seqlens, cu_seqlens_cpu), or (None, None)
+    for an unpacked batch.
+
+    Inside verl's packed gated-delta-net forward these are the very tensors verl passes the layer (its
+    host copy included), so fla takes its chunk indices from the host copy and, the objects being the
+    same in every layer, from its cache: no device sync. Otherwise they are derived from `seq_idx`,
+    which reads the sequence count back from the device (one sync per call, per layer).
+    """
+    if seq_idx is None:
+        return None, None
+    if _PACKED_LENGTHS:
+        cu_seqlens, cu_seqlens_cpu = _PACKED_LENGTHS[-1]
+        # the host copy says whether they cover this input (Ulysses adds a prefix: derive then)
+        if cu_seqlens is not None and cu_seqlens_cpu is not None and int(cu_seqlens_cpu[-1]) == length:
+            return cu_seqlens, cu_seqlens_cpu
+    import torch
+    import torch.nn.functional as F
+
+    counts = torch.bincount(seq_idx.reshape(-1).to(torch.long))
+    return F.pad(counts.cumsum(0), (1, 0)).to(torch.int32), None
+
+
+def _enter_packed(module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+    _PACKED_LENGTHS.append((kwargs.get("cu_seqlens"), kwargs.get("cu_seqlens_cpu")))
+
+
+def _leave_packed(module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+    _PACKED_LENGTHS.pop()
+
+
+def forward_packed_lengths(layer_cls: type) -> None:
+    """Let every `layer_cls` (a gated-delta-net class) built from now on hand the packed lengths it is
+    called with to `conv_cu_seqlens` for the duration of its forward.
+
+    Hooks, not a new forward: verl replaces the class's forward with its packed one when it builds the
+    actor, after this runs; a module's hooks survive that. The leave hook runs on exceptions too.
+    """
+    if getattr(layer_cls, "_forwards_packed_lengths", False):
+        return
+    original_init = layer_cls.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        self.register_forward_pre_hook(_enter_packed, with_kwargs=True)
+        self.register_forward_hook(_leave_packed, with_kwargs=True, always_call=True)
+
+    layer_cls.__init__ = init  # type: ignore[method-assign]
+    layer_cls._forwards_packed_lengths = True  # type: ignore[attr-defined]
+
+
+def per_sequence(rule: Any) -> Any:
+    """A gated-delta rule without varlen support (transformers' torch ones) made to honour `cu_seqlens`:
+    one call per packed sequence. Those functions accept and ignore the argument, so a packed batch
+    would carry one sequence's recurrent state into the next."""
+    import torch
+
+    @functools.wraps(rule)
+    def call(
+        query: Any, *args: Any, cu_seqlens: Any = None, cu_seqlens_cpu: Any = None, **kwargs: Any
+    ) -> Any:
+        if cu_seqlens is None:
+            return rule(query, *args, **kwargs)
+        if kwargs.get("initial_state") is not None or kwargs.get("output_final_state"):
+            raise NotImplementedError(
+                "packed sequences with recurrent state in or out need fla's varlen kernels"
+            )
+        length = query.shape[1]
+        bounds = (cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).tolist()
+
+        def cut(value: Any, start: int, stop: int) -> Any:  # [B, T, ...] tensors along T
+            per_token = isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[1] == length
+            return value[:, start:stop] if per_token else value
+
+        outputs = [
+            rule(
+                cut(query, start, stop),
+                *(cut(a, start, stop) for a in args),
+                **{k: cut(v, start, stop) for k, v in kwargs.items()},
+            )[0]
+            for start, stop in itertools.pairwise(bounds)
+        ]
+        return torch.cat(outputs, dim=1), None
+
+    return call
 
 
 def select_kernels(kernels: str) -> str:
@@ -53,8 +155,6 @@ def select_kernels(kernels: str) -> str:
         for name in ("fla", "causal_conv1d"):
             sys.modules[name] = None  # type: ignore[assignment]  # find_spec() -> None: "not installed"
         return "torch fallback"
-    import functools
-
     from fla.modules import FusedRMSNormGated
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
@@ -64,7 +164,6 @@ def select_kernels(kernels: str) -> str:
         def call(query: Any, *args: Any, **kwargs: Any) -> Any:
             if query.is_cuda:
                 return fast(query, *args, **kwargs)
-            kwargs = {k: v for k, v in kwargs.items() if not k.startswith("cu_seqlens")}
             return slow(query, *args, **kwargs)
 
         return call
@@ -83,9 +182,12 @@ def select_kernels(kernels: str) -> str:
             return self.eps
 
     qwen.causal_conv1d_fn = fla_conv1d_fn
-    qwen.chunk_gated_delta_rule = on_device(chunk_gated_delta_rule, qwen.torch_chunk_gated_delta_rule)
+    forward_packed_lengths(qwen.Qwen3_5GatedDeltaNet)
+    qwen.chunk_gated_delta_rule = on_device(
+        chunk_gated_delta_rule, per_sequence(qwen.torch_chunk_gated_delta_rule)
+    )
     qwen.fused_recurrent_gated_delta_rule = on_device(
-        fused_recurrent_gated_delta_rule, qwen.torch_recurrent_gated_delta_rule
+        fused_recurrent_gated_delta_rule, per_sequence(qwen.torch_recurrent_gated_delta_rule)
     )
     qwen.FusedRMSNormGated = GatedNorm
     if hasattr(qwen, "is_fast_path_available"):

@@ -241,3 +241,36 @@ def test_lever_rows_run_verl_engine_with_the_lever_applied(tmp_path: Path) -> No
     )
     summary = out.with_suffix(".md").read_text()
     assert "| verl-padded +fast-bf16-reduce | torch | 2/1/32 | 1 ok, 0 failed |" in summary
+
+
+def _site_a(x: object) -> object:
+    import torch
+
+    return torch.mul(x, 2)
+
+
+def _site_b(x: object) -> object:
+    import torch
+
+    return torch.mul(x, 3)
+
+
+def test_sync_sites_groups_calls_by_where_they_come_from() -> None:
+    """On a GPU the calls are cudaStreamSynchronize and kin; on the CPU aten::mul stands in for them."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.gpu_worker import sync_sites
+
+    x = torch.ones(4)
+    verbose = torch._C._profiler._ExperimentalConfig(verbose=True)
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True, experimental_config=verbose) as profiler:
+        for _ in range(3):
+            _site_a(x)
+        _site_b(x)
+    text = sync_sites(profiler, calls=("aten::mul",))
+    assert text.startswith("# host syncs: 4 calls")
+    counts = {line.split(" x ")[0].strip() for line in text.splitlines()[1:] if "aten::mul" in line}
+    assert counts == {"3", "1"}  # two call sites, not one row of four
+    assert "_site_a" in text and "_site_b" in text
+    assert sync_sites(profiler).startswith("# host syncs: 0 calls")  # no device: nothing waited
