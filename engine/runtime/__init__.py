@@ -20,7 +20,9 @@ driver and in every Ray worker that inherits the environment. Importing this mod
    sync into vLLM's repacked CPU weights);
 6. in the driver of `verl.trainer.main_ppo`, fails at once when the launch selects the `fsdp_turbo`
    strategy and the `fsdp_turbo` package cannot be imported.
-6. applies the test-only breakage named by `ENGINE_TEST_BREAK`, if any (`engine.runtime.mutations`).
+7. applies the test-only breakage named by `ENGINE_TEST_BREAK`, if any (`engine.runtime.mutations`);
+8. where fla is absent, makes transformers' torch gated-delta rule honour the packed sequences verl's
+   Qwen3.5 forward hands it (`engine.runtime.kernels.guard_packed_sequences`; it ignored them).
 
 Why (6) runs at import time: verl offers no hook in the driver between Hydra composing the config and
 Ray starting workers (`auto_set_device`/`validate_config` are plain functions, not registries). The
@@ -46,7 +48,7 @@ def install() -> None:
     """Everything above, in a verl process; exits 2 with one line on a missing fsdp_turbo or a bad
     `ENGINE_TEST_BREAK`."""
     from engine.runtime import cpu_platform, mutations, rollout, turbo_check
-    from engine.runtime.kernels import install_token_logprobs
+    from engine.runtime.kernels import guard_packed_sequences, install_token_logprobs
 
     problem = turbo_check.check_turbo()
     if problem:
@@ -55,6 +57,7 @@ def install() -> None:
     cpu_platform.register_platform()
     rollout.register_rollout()
     install_token_logprobs()
+    guard_packed_sequences()
     if cpu_platform.cpu_platform_selected():
         cpu_platform.apply_gloo_backend_fix()
         install_vllm_cpu()

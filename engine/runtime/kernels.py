@@ -11,9 +11,13 @@ replaces verl's row-by-row log-prob fallback (installed by `engine.verl_ext`).
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.util
 import itertools
 import os
 import sys
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 
@@ -144,6 +148,53 @@ def per_sequence(rule: Any) -> Any:
     return call
 
 
+QWEN35_MODULES = (
+    "transformers.models.qwen3_5.modeling_qwen3_5",
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+)
+
+
+def honour_packed_sequences(module: ModuleType) -> None:
+    """Where fla is absent (CPU, Ascend, a GPU without it), transformers leaves Qwen3.5's gated-delta
+    rule to its torch version, which verl's packed forward still hands `cu_seqlens`: route it through
+    `per_sequence` so packing stays exact instead of carrying state from one sequence into the next."""
+    if module.chunk_gated_delta_rule is None:
+        module.chunk_gated_delta_rule = per_sequence(module.torch_chunk_gated_delta_rule)
+
+
+def guard_packed_sequences() -> None:
+    """`honour_packed_sequences` on each Qwen3.5 modeling module when it is imported (now, if it is
+    already): a verl process that never builds a Qwen3.5 model pays nothing."""
+    for name in QWEN35_MODULES:
+        when_imported(name, honour_packed_sequences)
+
+
+def when_imported(name: str, action: Callable[[ModuleType], None]) -> None:
+    """Run `action(module)` right after module `name` is first imported, or now if it already is."""
+    if name in sys.modules:
+        action(sys.modules[name])
+        return
+
+    class AfterImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)  # once; the other finders locate the module
+            spec = importlib.util.find_spec(fullname)
+            if spec is None or spec.loader is None:
+                return spec
+            load = spec.loader.exec_module
+
+            def exec_module(module: ModuleType) -> None:
+                load(module)
+                action(module)
+
+            spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+            return spec
+
+    sys.meta_path.insert(0, AfterImport())
+
+
 def select_kernels(kernels: str) -> str:
     """Before any Qwen3.5 model is built: hide fla (`torch`), or route the gated-delta-net through fla.
 
@@ -154,6 +205,7 @@ def select_kernels(kernels: str) -> str:
     if kernels == "torch":
         for name in ("fla", "causal_conv1d"):
             sys.modules[name] = None  # type: ignore[assignment]  # find_spec() -> None: "not installed"
+        guard_packed_sequences()
         return "torch fallback"
     from fla.modules import FusedRMSNormGated
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule

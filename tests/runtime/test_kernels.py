@@ -4,11 +4,17 @@ no device sync)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from engine.runtime import kernels
+from tests.conftest import ROOT
 
 
 def _conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -103,3 +109,33 @@ def test_lengths_are_dropped_when_the_forward_fails(packed_gdn: torch.nn.Module)
     with pytest.raises(ValueError, match="does not match"):
         packed_gdn(torch.randn(1, 8, 32), cu_seqlens=bad, cu_seqlens_cpu=bad)
     assert kernels._PACKED_LENGTHS == []
+
+
+def test_when_imported_runs_once_after_the_first_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "late_module.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[int] = []
+    kernels.when_imported("late_module", lambda module: seen.append(module.VALUE))
+    assert seen == []  # not imported yet: nothing ran
+    import late_module  # noqa: F401
+
+    assert seen == [1]
+    kernels.when_imported("late_module", lambda module: seen.append(module.VALUE + 1))  # already imported
+    assert seen == [1, 2]
+    monkeypatch.delitem(sys.modules, "late_module")
+
+
+def test_verl_processes_get_rules_that_honour_packing() -> None:
+    """engine.verl_ext in a fresh verl process, fla absent: both Qwen3.5 modules' chunk rules split."""
+    code = (
+        "import verl\n"
+        "from transformers.models.qwen3_5 import modeling_qwen3_5 as a\n"
+        "from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as b\n"
+        "print(*(m.chunk_gated_delta_rule.__wrapped__ is m.torch_chunk_gated_delta_rule for m in (a, b)))"
+    )
+    env = dict(os.environ) | {"VERL_USE_EXTERNAL_MODULES": "engine.verl_ext", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["True", "True"]
