@@ -194,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
             "no-sync",
             "bf16-reduce",
             "bf16-sr",
+            "bf16-sr-compiled",
             "fast",
             "fast-bf16",
             "fast-bf16-reduce+no-sync",

@@ -17,6 +17,8 @@ from engine.recipes.schema import Actor, Optim
 # verl's optimizer that keeps bf16 weights and moments and writes the fp32 update back with stochastic
 # rounding (verl's build_optimizer documents it: optimizer_impl torchao.optim, _AdamW, bf16_stochastic_round).
 TORCHAO_IMPL, TORCHAO_ADAMW = "torchao.optim", "_AdamW"
+# the same update traced once over all tensors of a group (engine.runtime.optim): not host-bound
+COMPILED_IMPL, COMPILED_ADAMW = "engine.runtime.optim", "BF16AdamW"
 
 # name -> (recipe --set assignments, what it is for). Later names win where two set the same field.
 LEVERS: dict[str, tuple[dict[str, Any], str]] = {
@@ -38,6 +40,10 @@ LEVERS: dict[str, tuple[dict[str, Any], str]] = {
     "bf16-sr": (
         {"actor.optim.precision": "bf16_sr"},
         "bf16 weights, gradients and moments, fp32 update with stochastic rounding: no cast at gather",
+    ),
+    "bf16-sr-compiled": (
+        {"actor.optim.precision": "bf16_sr", "actor.optim.implementation": "compiled"},
+        "bf16-sr with its step traced once over all tensors, not one compiled call (a cache walk) per tensor",
     ),
     "fast": (
         {"actor.optim.implementation": "fused", "actor.reshard_after_forward": False},
@@ -109,20 +115,27 @@ def optimizer_keys(optim: Optim) -> dict[str, Any]:
 
     fp32 master weights: torch's AdamW, with `fused`/`foreach` passed through override_optimizer_config
     (verl's build_optimizer sets neither). bf16_sr: the model is loaded in bf16 and torchao's _AdamW
-    updates it; torchao takes no kernel choice, so an implementation other than default is refused.
+    updates it (default), or the same update traced over all tensors at once (compiled); torch's kernel
+    choices do not apply there, nor does `compiled` to fp32 weights (fused is their one-kernel step).
     """
     keys: dict[str, Any] = {}
     if optim.precision == "bf16_sr":
-        if optim.optimizer != "AdamW" or optim.implementation != "default":
+        if optim.optimizer != "AdamW" or optim.implementation not in ("default", "compiled"):
             raise UserError(
-                f"actor.optim.precision=bf16_sr needs optimizer AdamW with implementation default "
-                f"(got {optim.optimizer}, {optim.implementation}): torchao's _AdamW has its own kernel; "
-                "set actor.optim.implementation=default"
+                f"actor.optim.precision=bf16_sr needs optimizer AdamW with implementation default or "
+                f"compiled (got {optim.optimizer}, {optim.implementation}): torchao's _AdamW has its own "
+                "kernel; set actor.optim.implementation=default"
             )
+        compiled = optim.implementation == "compiled"
         keys["fsdp_config.model_dtype"] = "bf16"
-        keys["optim.optimizer_impl"] = TORCHAO_IMPL
-        keys["optim.optimizer"] = TORCHAO_ADAMW
+        keys["optim.optimizer_impl"] = COMPILED_IMPL if compiled else TORCHAO_IMPL
+        keys["optim.optimizer"] = COMPILED_ADAMW if compiled else TORCHAO_ADAMW
         keys["optim.override_optimizer_config"] = {"bf16_stochastic_round": True}
+    elif optim.implementation == "compiled":
+        raise UserError(
+            "actor.optim.implementation=compiled is the bf16_sr step (set actor.optim.precision=bf16_sr); "
+            "for fp32 weights use implementation=fused"
+        )
     elif optim.implementation != "default":
         keys["optim.override_optimizer_config"] = {optim.implementation: True}
     return keys

@@ -81,11 +81,12 @@ class Algorithm(Section):
 class Optim(Section):
     lr: float = Field(gt=0, description="actor learning rate")
     optimizer: str = Field("AdamW", description="torch.optim class name used by verl")
-    implementation: Literal["default", "foreach", "fused"] = Field(
+    implementation: Literal["default", "foreach", "fused", "compiled"] = Field(
         "default",
         description="AdamW's kernels (override_optimizer_config): default leaves the choice to torch "
         "(foreach on GPU/NPU, a loop per tensor on CPU); fused runs the whole update in one kernel per "
-        "group, with no fp32 temporaries (docs/reference/trainer-levers.md)",
+        "group, with no fp32 temporaries; compiled (bf16_sr only) traces torchao's per-tensor update "
+        "once over all tensors instead of one compiled call per tensor (docs/reference/trainer-levers.md)",
     )
     precision: Literal["fp32", "bf16_sr"] = Field(
         "fp32",

@@ -85,13 +85,20 @@ def test_levers_train_like_the_fp32_reference_and_the_control_does_not(tmp_path:
             "--steps",
             "20",
             "--levers",
-            "fast,no-sync,bf16-sr,bf16-rn",
+            "fast,no-sync,bf16-sr,bf16-sr-compiled,bf16-rn",
         ]
     )
     verdicts = {r["lever"]: r for r in map(json.loads, out.read_text().splitlines()) if r.get("verdict")}
-    assert code == 0 and list(verdicts) == ["baseline", "fast", "no-sync", "bf16-sr", "bf16-rn"]
+    assert code == 0 and list(verdicts) == [
+        "baseline",
+        "fast",
+        "no-sync",
+        "bf16-sr",
+        "bf16-sr-compiled",
+        "bf16-rn",
+    ]
     assert all(v["steps"] == 20 and v["conclusive"] and v["drop_step"] == 16 for v in verdicts.values())
-    assert all(verdicts[lever]["within"] for lever in ("fast", "no-sync", "bf16-sr"))
+    assert all(verdicts[lever]["within"] for lever in ("fast", "no-sync", "bf16-sr", "bf16-sr-compiled"))
     assert not verdicts["bf16-rn"]["within"]
     assert verdicts["baseline"]["loss_last"] < verdicts["baseline"]["loss_first"]  # it trains
     applied = {lever: v["applied"] for lever, v in verdicts.items()}
@@ -101,4 +108,7 @@ def test_levers_train_like_the_fp32_reference_and_the_control_does_not(tmp_path:
     assert applied["no-sync"]["defer_gradient_sync"] and not applied["baseline"]["defer_gradient_sync"]
     assert applied["bf16-sr"]["optimizer"] == "torchao.optim.adam._AdamW"
     assert applied["bf16-sr"]["param_dtype"] == applied["bf16-sr"]["state_dtype"] == "bfloat16"
+    compiled = applied["bf16-sr-compiled"]
+    assert compiled["optimizer"] == "engine.runtime.optim.BF16AdamW"
+    assert compiled["param_dtype"] == compiled["state_dtype"] == "bfloat16"
     assert applied["baseline"]["param_dtype"] == applied["baseline"]["state_dtype"] == "float32"

@@ -32,6 +32,12 @@ EXPECTED = {
         "actor_rollout_ref.actor.optim.optimizer": "_AdamW",
         "actor_rollout_ref.actor.optim.override_optimizer_config": {"bf16_stochastic_round": True},
     },
+    "bf16-sr-compiled": {
+        "actor_rollout_ref.actor.fsdp_config.model_dtype": "bf16",
+        "actor_rollout_ref.actor.optim.optimizer_impl": "engine.runtime.optim",
+        "actor_rollout_ref.actor.optim.optimizer": "BF16AdamW",
+        "actor_rollout_ref.actor.optim.override_optimizer_config": {"bf16_stochastic_round": True},
+    },
 }
 
 
@@ -72,6 +78,9 @@ def test_bf16_states_refuse_a_kernel_choice_they_cannot_honour() -> None:
     )
     with pytest.raises(UserError, match="implementation=default"):
         plan.compile_recipe(recipe)
+    fp32 = loader.load("tiny_cpu", "cpu", ["actor.optim.implementation=compiled"])
+    with pytest.raises(UserError, match="precision=bf16_sr"):
+        plan.compile_recipe(fp32)
 
 
 def test_engine_kwargs_are_the_rendered_keys() -> None:
@@ -86,7 +95,7 @@ def test_engine_kwargs_are_the_rendered_keys() -> None:
             assert rendered[f"{actor}.optim.{key}"] == value
 
 
-@pytest.mark.parametrize("lever", ["fused", "foreach", "bf16-sr"])
+@pytest.mark.parametrize("lever", ["fused", "foreach", "bf16-sr", "bf16-sr-compiled"])
 def test_verl_builds_the_optimizer_each_lever_names(lever: str) -> None:
     """verl's own config composition and build_optimizer, from the rendered overrides."""
     torch = pytest.importorskip("torch")
@@ -103,8 +112,9 @@ def test_verl_builds_the_optimizer_each_lever_names(lever: str) -> None:
     dtype = torch.bfloat16 if actor.fsdp_config.model_dtype == "bf16" else torch.float32
     params = [torch.nn.Parameter(torch.zeros(64, 64, dtype=dtype))]
     optimizer = build_optimizer(params, omega_conf_to_dataclass(actor.optim))
-    if lever == "bf16-sr":
-        assert type(optimizer).__module__.startswith("torchao.optim") and optimizer.bf16_stochastic_round
+    if lever.startswith("bf16-sr"):
+        module = "engine.runtime.optim" if lever == "bf16-sr-compiled" else "torchao.optim"
+        assert type(optimizer).__module__.startswith(module) and optimizer.bf16_stochastic_round
         assert dtype == torch.bfloat16
     else:
         assert type(optimizer) is torch.optim.AdamW and optimizer.defaults[lever] is True
