@@ -119,6 +119,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: benchmarks.packed_syncs needs a CUDA GPU (fla's Triton kernels)", file=sys.stderr)
+        return 2
     print(json.dumps(measure(args.seqs, args.length, args.repeats)))
     return 0
 
