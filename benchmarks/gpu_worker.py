@@ -22,6 +22,7 @@ from benchmarks.gpu_bench import (
     run_slug,
     shapes_of,
 )
+from benchmarks.host_syncs import HOST_READS, sync_sites
 from engine.env.pins import dist_version
 from engine.recipes.levers import engine_config_kwargs
 from engine.runtime.kernels import select_kernels
@@ -258,35 +259,12 @@ def _profile_step(
     if cuda:
         text += "\n" + averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)
         text += "\n" + sync_sites(profiler)
+    else:  # no device to wait for: where the host reads tensor data, which on a GPU is a sync
+        text += "\n" + sync_sites(
+            profiler, HOST_READS, title="host reads of tensor data (GPU syncs)", waits=False
+        )
     args.profile.mkdir(parents=True, exist_ok=True)
     (args.profile / f"{run_slug(mode, args.kernels[0], args, shape, args.levers[0])}.txt").write_text(text)
-
-
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
-
-
-def sync_sites(profiler: Any, calls: tuple[str, ...] = SYNC_CALLS, limit: int = 12, frames: int = 6) -> str:
-    """Where the host waited for the device: the sync calls of a profiled step grouped by the operator
-    and Python frames they came from. After a sync the device idles until the host has launched work
-    again, so on a step with many of them the host's launch time adds to the device's."""
-    sites: dict[tuple[str, tuple[str, ...]], list[float]] = {}
-    for event in profiler.events():
-        if event.name not in calls:
-            continue
-        owner = event  # a runtime call carries no Python stack: the operator that made it does
-        while owner.cpu_parent is not None and not owner.stack:
-            owner = owner.cpu_parent
-        stack = tuple(f for f in owner.stack if "torch/profiler" not in f)[:frames]
-        site = sites.setdefault((owner.name, stack), [0, 0.0])
-        site[0] += 1
-        site[1] += event.cpu_time_total / 1000
-    ranked = sorted(sites.items(), key=lambda item: item[1][1], reverse=True)
-    count, waited = sum(c for c, _ in sites.values()), sum(ms for _, ms in sites.values())
-    lines = [f"# host syncs: {count} calls, {waited:.1f} ms waiting, by call site"]
-    for (name, stack), (calls_made, ms) in ranked[:limit]:
-        lines.append(f"{calls_made:6d} x {name}, {ms:.1f} ms")
-        lines += [f"           {frame}" for frame in stack]
-    return "\n".join(lines) + "\n"
 
 
 def _measure(step: Any, shape: Shape, first: int, args: argparse.Namespace, cuda: bool) -> tuple[int, float]:

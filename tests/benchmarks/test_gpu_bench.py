@@ -186,6 +186,7 @@ def test_one_process_group_measures_each_shape_and_profiles_a_step(tmp_path: Pat
     assert rows[0]["flops_params"] == gpu_bench.flops_params(transformers.AutoConfig.from_pretrained(model))
     profile = next((tmp_path / "prof").glob("plain.torch.*.b2.m2.s32.*.txt")).read_text()
     assert "operator calls" in profile.splitlines()[0]
+    assert "# host reads of tensor data (GPU syncs): " in profile  # on a CPU, what would sync on a GPU
 
 
 def test_levers_multiply_the_verl_rows_only(tmp_path: Path) -> None:
@@ -260,7 +261,7 @@ def test_sync_sites_groups_calls_by_where_they_come_from() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.gpu_worker import sync_sites
+    from benchmarks.host_syncs import sync_sites
 
     x = torch.ones(4)
     verbose = torch._C._profiler._ExperimentalConfig(verbose=True)
@@ -274,3 +275,9 @@ def test_sync_sites_groups_calls_by_where_they_come_from() -> None:
     assert counts == {"3", "1"}  # two call sites, not one row of four
     assert "_site_a" in text and "_site_b" in text
     assert sync_sites(profiler).startswith("# host syncs: 0 calls")  # no device: nothing waited
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True, experimental_config=verbose) as profiler:
+        x.sum().item()  # aten::item runs aten::_local_scalar_dense
+    nested = sync_sites(
+        profiler, calls=("aten::item", "aten::_local_scalar_dense"), title="reads", waits=False
+    )
+    assert nested.splitlines()[:2] == ["# reads: 1 calls, by call site", "     1 x aten::item"]
