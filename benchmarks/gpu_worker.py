@@ -260,9 +260,8 @@ def _profile_step(
         text += "\n" + averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)
         text += "\n" + sync_sites(profiler)
     else:  # no device to wait for: where the host reads tensor data, which on a GPU is a sync
-        text += "\n" + sync_sites(
-            profiler, HOST_READS, title="host reads of tensor data (GPU syncs)", waits=False
-        )
+        title = "host reads of tensor data (syncs where the data is on a GPU)"
+        text += "\n" + sync_sites(profiler, HOST_READS, limit=25, title=title, waits=False)
     args.profile.mkdir(parents=True, exist_ok=True)
     (args.profile / f"{run_slug(mode, args.kernels[0], args, shape, args.levers[0])}.txt").write_text(text)
 

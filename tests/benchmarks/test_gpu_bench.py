@@ -186,7 +186,7 @@ def test_one_process_group_measures_each_shape_and_profiles_a_step(tmp_path: Pat
     assert rows[0]["flops_params"] == gpu_bench.flops_params(transformers.AutoConfig.from_pretrained(model))
     profile = next((tmp_path / "prof").glob("plain.torch.*.b2.m2.s32.*.txt")).read_text()
     assert "operator calls" in profile.splitlines()[0]
-    assert "# host reads of tensor data (GPU syncs): " in profile  # on a CPU, what would sync on a GPU
+    assert "# host reads of tensor data (syncs where the data is on a GPU): " in profile  # on a CPU
 
 
 def test_levers_multiply_the_verl_rows_only(tmp_path: Path) -> None:
