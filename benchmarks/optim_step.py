@@ -10,10 +10,11 @@ ratio, and the first step's seconds (compilation).
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
+
+from engine import errors
+from engine.errors import ArgumentParser, UserError
 
 
 def _params(count: int, numel: int, device: str) -> list:
@@ -73,19 +74,22 @@ def measure(count: int, numel: int, steps: int, device: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    doc = __doc__.splitlines()[0]
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.optim_step", description=doc)
+    parser = ArgumentParser(prog="python -m benchmarks.optim_step", description=__doc__.splitlines()[0])
     parser.add_argument("--tensors", type=int, default=261)
     parser.add_argument("--numel", type=int, default=261 * 256, help="elements over all tensors")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
     args = parser.parse_args(argv)
+    if min(args.tensors, args.numel, args.steps) < 1:
+        raise UserError("--tensors, --numel and --steps are counts: give each >= 1")
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA GPU here; leave --device out or pass --device cpu")
     print(json.dumps(measure(args.tensors, args.numel, args.steps, device)))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    errors.entry(main)

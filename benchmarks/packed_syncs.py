@@ -11,11 +11,12 @@ between the two ways (same kernels on the same lengths: 0).
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import warnings
 from typing import Any
+
+from engine import errors
+from engine.errors import ArgumentParser, UserError
 
 
 class _Forgetful(list):
@@ -112,21 +113,20 @@ def measure(seqs: int, length: int, repeats: int) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.packed_syncs", description=__doc__.splitlines()[0]
-    )
+    parser = ArgumentParser(prog="python -m benchmarks.packed_syncs", description=__doc__.splitlines()[0])
     parser.add_argument("--seqs", type=int, default=4)
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args(argv)
+    if min(args.seqs, args.length, args.repeats) < 1:
+        raise UserError("--seqs, --length and --repeats count sequences, tokens and runs: give each >= 1")
     import torch
 
     if not torch.cuda.is_available():
-        print("error: benchmarks.packed_syncs needs a CUDA GPU (fla's Triton kernels)", file=sys.stderr)
-        return 2
+        raise UserError("benchmarks.packed_syncs needs a CUDA GPU (fla's Triton kernels); run it on one")
     print(json.dumps(measure(args.seqs, args.length, args.repeats)))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    errors.entry(main)

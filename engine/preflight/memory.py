@@ -27,7 +27,7 @@ OPTIMIZER_STEP_BYTES = 4
 # one generated kernel (none either), traced per tensor or over all of them (`compiled`). bf16_sr keeps
 # weights and gradients (2 B each) and both moments (2 B each) in bf16: 8 B per parameter instead of 16,
 # 6 resident instead of 12.
-STEP_BYTES = {"default": OPTIMIZER_STEP_BYTES, "foreach": OPTIMIZER_STEP_BYTES, "fused": 0, "compiled": 0}
+STEP_BYTES = {"default": OPTIMIZER_STEP_BYTES, "foreach": OPTIMIZER_STEP_BYTES, "fused": 0}
 STATE_BYTES = {"fp32": 16, "bf16_sr": 8}
 # Between steps the gradients are freed (zero_grad sets them to None): what stays on the device while
 # vLLM is awake is the fp32 weights and the AdamW moments. Measured 105.0 GiB in use during generation

@@ -162,9 +162,11 @@ def honour_packed_sequences(module: ModuleType) -> None:
         module.chunk_gated_delta_rule = per_sequence(module.torch_chunk_gated_delta_rule)
 
 
+@functools.cache
 def guard_packed_sequences() -> None:
     """`honour_packed_sequences` on each Qwen3.5 modeling module when it is imported (now, if it is
-    already): a verl process that never builds a Qwen3.5 model pays nothing."""
+    already): a verl process that never builds a Qwen3.5 model pays nothing. Once per process (the
+    extension and `select_kernels("torch")` both ask)."""
     for name in QWEN35_MODULES:
         when_imported(name, honour_packed_sequences)
 

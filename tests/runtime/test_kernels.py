@@ -4,8 +4,6 @@ no device sync)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from engine.runtime import kernels
-from tests.conftest import ROOT
 
 
 def _conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -125,17 +122,3 @@ def test_when_imported_runs_once_after_the_first_import(
     kernels.when_imported("late_module", lambda module: seen.append(module.VALUE + 1))  # already imported
     assert seen == [1, 2]
     monkeypatch.delitem(sys.modules, "late_module")
-
-
-def test_verl_processes_get_rules_that_honour_packing() -> None:
-    """engine.verl_ext in a fresh verl process, fla absent: both Qwen3.5 modules' chunk rules split."""
-    code = (
-        "import verl\n"
-        "from transformers.models.qwen3_5 import modeling_qwen3_5 as a\n"
-        "from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as b\n"
-        "print(*(m.chunk_gated_delta_rule.__wrapped__ is m.torch_chunk_gated_delta_rule for m in (a, b)))"
-    )
-    env = dict(os.environ) | {"VERL_USE_EXTERNAL_MODULES": "engine.verl_ext", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-2:] == ["True", "True"]

@@ -262,3 +262,16 @@ def test_verl_processes_get_chunked_logprobs_through_the_extension() -> None:
     out = _python(code)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-2:] == ["engine.runtime.kernels", "True"]
+
+
+def test_verl_processes_get_rules_that_honour_packing() -> None:
+    """engine.verl_ext in a fresh verl process, fla absent: both Qwen3.5 modules' chunk rules split."""
+    code = (
+        "import verl\n"
+        "from transformers.models.qwen3_5 import modeling_qwen3_5 as a\n"
+        "from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as b\n"
+        "print(*(m.chunk_gated_delta_rule.__wrapped__ is m.torch_chunk_gated_delta_rule for m in (a, b)))"
+    )
+    out = _python(code)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["True", "True"]
