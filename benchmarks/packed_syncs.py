@@ -90,6 +90,8 @@ def measure(seqs: int, length: int, repeats: int) -> dict:
     hidden = torch.randn(1, seqs * length, config.hidden_size, device="cuda", dtype=torch.bfloat16)
     cu_seqlens_cpu = torch.arange(0, seqs * length + 1, length)
     cu_seqlens = cu_seqlens_cpu.to("cuda")
+    if _count_syncs(lambda: torch.ones(1, device="cuda").item()) < 1:  # the counter itself, on a known sync
+        raise UserError("torch's sync debug mode reported no sync for .item(); the counts would read 0")
     results: dict[str, Any] = {}
     outputs = {}
     stack = kernels._PACKED_LENGTHS
