@@ -22,7 +22,10 @@ driver and in every Ray worker that inherits the environment. Importing this mod
    strategy and the `fsdp_turbo` package cannot be imported.
 7. applies the test-only breakage named by `ENGINE_TEST_BREAK`, if any (`engine.runtime.mutations`);
 8. where fla is absent, makes transformers' torch gated-delta rule honour the packed sequences verl's
-   Qwen3.5 forward hands it (`engine.runtime.kernels.guard_packed_sequences`; it ignored them).
+   Qwen3.5 forward hands it (`engine.runtime.kernels.guard_packed_sequences`; it ignored them);
+9. replaces two verl functions on the packed training step that read device data on the host many times
+   (a sync each on a GPU) with ones that compute the same tensors with at most one read
+   (`engine.runtime.syncs`); `ENGINE_HOST_SYNCS=verl` keeps verl's own, for comparisons.
 
 Why (6) runs at import time: verl offers no hook in the driver between Hydra composing the config and
 Ray starting workers (`auto_set_device`/`validate_config` are plain functions, not registries). The
@@ -46,8 +49,8 @@ def install_vllm_cpu() -> bool:
 
 def install() -> None:
     """Everything above, in a verl process; exits 2 with one line on a missing fsdp_turbo or a bad
-    `ENGINE_TEST_BREAK`."""
-    from engine.runtime import cpu_platform, mutations, rollout, turbo_check
+    `ENGINE_TEST_BREAK` or `ENGINE_HOST_SYNCS`."""
+    from engine.runtime import cpu_platform, mutations, rollout, syncs, turbo_check
     from engine.runtime.kernels import guard_packed_sequences, install_token_logprobs
 
     problem = turbo_check.check_turbo()
@@ -58,6 +61,11 @@ def install() -> None:
     rollout.register_rollout()
     install_token_logprobs()
     guard_packed_sequences()
+    try:
+        syncs.install_host_syncs()
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     if cpu_platform.cpu_platform_selected():
         cpu_platform.apply_gloo_backend_fix()
         install_vllm_cpu()

@@ -275,3 +275,24 @@ def test_verl_processes_get_rules_that_honour_packing() -> None:
     out = _python(code)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-2:] == ["True", "True"]
+
+
+def test_verl_processes_get_fewer_host_reads_unless_told_otherwise() -> None:
+    """engine.verl_ext in a fresh verl process: ppo_loss (which imported the name), the padding module and
+    the packed engine's temperature expansion call engine.runtime.syncs; `ENGINE_HOST_SYNCS=verl` keeps
+    verl's own, and another value stops the process with one line."""
+    code = (
+        "import verl\n"
+        "from verl.workers.utils import losses, padding\n"
+        "from verl.utils import torch_functional as F\n"
+        "print(*(f.__module__ for f in (losses.no_padding_2_padding, padding.no_padding_2_padding,"
+        " F.expand_as_nested)))"
+    )
+    ours = ["engine.runtime.syncs"] * 3
+    verls = ["verl.workers.utils.padding", "verl.workers.utils.padding", "verl.utils.torch_functional"]
+    for value, expected in ((None, ours), ("lean", ours), ("verl", verls)):
+        out = _python(code, **({} if value is None else {"ENGINE_HOST_SYNCS": value}))
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split()[-3:] == expected, value
+    bad = _python("import verl", ENGINE_HOST_SYNCS="fast")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: ENGINE_HOST_SYNCS")

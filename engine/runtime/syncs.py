@@ -1,0 +1,159 @@
+"""Fewer host reads of device data in verl 0.9.1's packed training step, with the same results.
+
+Each read of device data on the host (`.item()`, `.tolist()`, a tensor as a slice bound or a pad size,
+`bool()` of a tensor, `repeat_interleave` without `output_size`) is a sync on a GPU: the host waits
+until the device has drained its queue, and the device then idles until the host launches again.
+verl's packed step makes dozens per micro-batch (docs/reference/trainer-levers.md counts them). The
+replacements build their outputs with the operators verl uses, in the same order, so values, dtype,
+shape and gradients are bitwise verl's; what changes is where the host learns the sizes from:
+
+- `no_padding_2_padding` (verl.workers.utils.padding; `ppo_loss`, `value_loss`, the distillation losses
+  and the trainer call it): verl slices and pads each sample with device scalars (3 reads a sample) and
+  checks the lengths with `.item()` and `.any()` (2 more): 14 at micro-batch 4. Here the prompt and
+  response lengths come to the host in one `.tolist()`, verl's checks run on that copy, and the slicing
+  and padding use Python ints.
+- `expand_as_nested` (verl.utils.torch_functional; the per-token temperature of every packed
+  micro-batch): `repeat_interleave` without `output_size` reads the total (2 reads). The total is the
+  length of the nested tensor's values, known on the host.
+
+Left as verl has them (read by verl or transformers in the middle of a function this module would have
+to copy whole): the `int(cu_seqlens[-1].item())` of verl's packed gated-delta-net forward (once per
+layer), the loss and metric `.item()`s, the token count, the grad norm's finiteness check.
+
+`install_host_syncs` puts the replacements in place (`engine.verl_ext` does, in every verl process);
+`ENGINE_HOST_SYNCS=verl` keeps verl's own code, to compare the two (`benchmarks.gpu_bench --host-syncs`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+from engine.runtime.kernels import when_imported
+
+ENV = "ENGINE_HOST_SYNCS"
+CHOICES = ("lean", "verl")  # lean: the replacements (the default); verl: verl's own code
+PADDING = "verl.workers.utils.padding"
+TORCH_FUNCTIONAL = "verl.utils.torch_functional"
+
+
+def selected() -> str:
+    """`lean` unless `ENGINE_HOST_SYNCS` says `verl`; another value is an error."""
+    value = os.environ.get(ENV, "").strip() or "lean"
+    if value not in CHOICES:
+        raise ValueError(f"{ENV}={value!r}: choose one of {', '.join(CHOICES)} or unset it")
+    return value
+
+
+def host_lengths(data: Any) -> tuple[list[int], list[int]]:
+    """Each sample's prompt and response length, as verl's `no_padding_2_padding` computes them, read to
+    the host at once: the call's one host read."""
+    import torch
+
+    prompts = data["prompts"]
+    if prompts.is_nested:
+        prompt_lens = prompts.offsets().diff()
+        response_lens = data["responses"].offsets().diff()
+    else:
+        attention_mask = data["attention_mask"]
+        assert not attention_mask.is_nested
+        prompt_lens = attention_mask[:, : prompts.shape[1]].sum(dim=1)
+        response_lens = attention_mask[:, prompts.shape[1] :].sum(dim=1)
+    both = torch.stack([prompt_lens, response_lens.to(prompt_lens.dtype)]).tolist()
+    return both[0], both[1]
+
+
+def no_padding_2_padding(tensor: Any, data: Any) -> Any:
+    """verl's `no_padding_2_padding` (slice each response's outputs from the packed model output, shifted
+    left by one token, right-padded to [bsz, max_response_len, *]) with one host read instead of one
+    per sample and check."""
+    import torch
+    import torch.nn.functional as F
+    from verl.utils import tensordict_utils as tu
+
+    values = tensor.values() if tensor.is_nested else tensor
+    prompt_lens, response_lens = host_lengths(data)
+    if data["prompts"].is_nested:
+        max_response_len = tu.get_non_tensor_data(data=data, key="max_response_len", default=-1)
+        if max_response_len < 0:
+            max_response_len = max(response_lens)
+    else:
+        max_response_len = data["responses"].shape[1]
+    assert sum(prompt_lens) + sum(response_lens) == values.shape[0]
+    assert 0 not in prompt_lens, f"seq_offset - resp_len - 1 assumes prompt_len > 0. Got {prompt_lens}"
+
+    response_list = []
+    skip_padding = (0, 0) * (values.ndim - 1)  # the dimensions after the sequence one
+    seq_offset = 0
+    for prompt_len, resp_len in zip(prompt_lens, response_lens, strict=True):
+        seq_offset += prompt_len + resp_len
+        piece = values[seq_offset - resp_len - 1 : seq_offset - 1]
+        response_list.append(F.pad(piece, (*skip_padding, 0, max_response_len - resp_len)))
+    return torch.stack(response_list, dim=0)
+
+
+def expand_as_nested(tensor: Any, nested_tensor: Any) -> Any:
+    """verl's `expand_as_nested` (one value per sequence repeated over its tokens) with the output size
+    given: the length of the nested tensor's values, which its offsets span (torch's constructors and
+    verl's packing build them so; verl's packed forward relies on it too)."""
+    import torch
+
+    assert nested_tensor.is_nested, "nested_tensor must be nested"
+    assert tensor.shape[0] == nested_tensor.shape[0], (
+        f"The batch shape must be the same. Got {tensor.shape[0]} vs {nested_tensor.shape[0]}"
+    )
+    assert len(tensor.shape) == 1, "The ndim of tensor must be 1"
+    assert len(nested_tensor.shape) == 2, "The ndim of nested_tensor must be 2"
+
+    offsets = nested_tensor.offsets()
+    total = nested_tensor.values().shape[0]
+    output = torch.repeat_interleave(tensor, offsets.diff(), dim=0, output_size=total)
+    return torch.nested.nested_tensor_from_jagged(values=output, offsets=offsets)
+
+
+REPLACEMENTS = {PADDING: ("no_padding_2_padding", no_padding_2_padding)}
+REPLACEMENTS[TORCH_FUNCTIONAL] = ("expand_as_nested", expand_as_nested)
+VERL_FUNCTIONS: dict[str, Any] = {}  # name -> verl's own function, once replaced
+
+
+def verl_function(name: str) -> Any:
+    """verl's own function of that name, replaced or not (tests compare against it)."""
+    if name not in VERL_FUNCTIONS:
+        module_name = next(m for m, (n, _) in REPLACEMENTS.items() if n == name)
+        __import__(module_name)
+        return getattr(sys.modules[module_name], name)
+    return VERL_FUNCTIONS[name]
+
+
+def replace(module: ModuleType) -> None:
+    """Put this module's replacement in `module` and in every verl module that imported the name
+    before (`from ... import name`); modules imported later take it from `module`."""
+    name, ours = REPLACEMENTS[module.__name__]
+    original = vars(module).get(name)
+    if original is None or original is ours:
+        return
+    VERL_FUNCTIONS.setdefault(name, original)
+    for module_name, other in list(sys.modules.items()):
+        if module_name.startswith("verl.") and other is not None and vars(other).get(name) is original:
+            setattr(other, name, ours)
+
+
+@functools.cache
+def install_host_syncs() -> str | None:
+    """The replacements, in each verl module when it is imported (now, if it is already), unless
+    `ENGINE_HOST_SYNCS=verl`. Once per process. Returns what was replaced."""
+    if selected() == "verl":
+        return None
+    for module_name in REPLACEMENTS:
+        when_imported(module_name, replace)
+    return ", ".join(f"{m}.{name} -> {__name__}.{name}" for m, (name, _) in REPLACEMENTS.items())
+
+
+def installed() -> bool:
+    """Whether verl's modules (those imported so far) call the replacements."""
+    return any(
+        vars(sys.modules[m]).get(name) is ours for m, (name, ours) in REPLACEMENTS.items() if m in sys.modules
+    )
