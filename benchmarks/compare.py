@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_bench import CONFIG_KEYS, summarize
+from benchmarks.gpu_bench import CONFIG_KEYS, DEFAULTED_KEYS, config_key, summarize
 from engine import bounds, errors, fsutil
 from engine.errors import ArgumentParser, UserError
 
@@ -42,7 +42,9 @@ def read_rows(path: Path, model: str | None = None) -> list[dict[str, Any]]:
 
 
 def key_of(row: dict[str, Any]) -> tuple:
-    return tuple(row.get(k) for k in CONFIG_KEYS)
+    """A row's configuration (benchmarks.gpu_bench.config_key): a row at a DEFAULTED_KEYS default, e.g.
+    `host_syncs` lean (what `engine run` does), matches the baselines recorded before that field existed."""
+    return config_key(row)
 
 
 def make_baseline(rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
@@ -77,7 +79,8 @@ def compare(
             latest[key_of(base)] = (doc, base)
     lines = []
     for new in summarize(rows):
-        name = " ".join(f"{k}={new[k]}" for k in CONFIG_KEYS if new.get(k) is not None)
+        keys = (*CONFIG_KEYS, *DEFAULTED_KEYS)
+        name = " ".join(f"{k}={new[k]}" for k in keys if new.get(k) is not None)
         if not new["repeats"]:
             lines.append({"config": name, "figure": "run", "verdict": "failed", "regression": True})
             continue

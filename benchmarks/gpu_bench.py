@@ -33,13 +33,25 @@ from engine import errors, fsutil, procs
 from engine.errors import ArgumentParser, UserError
 from engine.recipes.levers import lever_names
 from engine.recipes.params import count_text_params
+from engine.runtime.syncs import ENV as HOST_SYNCS_ENV
 
 console = Console(stderr=True, highlight=False)
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}
 MODES = ("plain", "verl-padded", "verl-packed")
 # what makes two rows repeats of one measurement (benchmarks.compare matches baselines by them too)
 CONFIG_KEYS = ("model", "mode", "kernels", "levers", "logprobs", "gpus", "batch", "mbs", "seq", "fill")
+# settings newer than some baselines: a row at the default (or without the field) keys as before, so the
+# rows of `engine run`'s code keep matching the baselines recorded before the setting existed
+DEFAULTED_KEYS = {"host_syncs": "lean"}
 KERNELS = ("torch", "fla")
+
+
+def config_key(row: dict[str, Any]) -> tuple:
+    """What makes two rows repeats of one measurement: CONFIG_KEYS, and DEFAULTED_KEYS off their default."""
+    off_default = tuple(
+        (k, row[k]) for k, default in DEFAULTED_KEYS.items() if row.get(k) not in (None, default)
+    )
+    return tuple(row.get(k) for k in CONFIG_KEYS) + off_default
 
 
 def flops_params(config: Any) -> int:
@@ -114,12 +126,12 @@ def run_configuration(
     cmd += ["--recompute"] if args.recompute else []
     cmd += ["--profile", str(args.profile)] if args.profile and repeat == 1 else []  # one table a lever
     cmd += ["--logprobs", args.logprobs, "--fill", str(args.fill), "--gpus", str(args.gpus)]
-    cmd += ["--levers", lever, "--repeat", str(repeat)]
+    cmd += ["--levers", lever, "--repeat", str(repeat), "--host-syncs", args.host_syncs]
     console.print(f"[bold]bench[/bold] {mode}/{kernels}/{lever} x{args.gpus} shapes {spec}, repeat {repeat}")
     started = time.monotonic()
     log = args.out.with_suffix(f".{run_slug(mode, kernels, args, shapes[0], lever)}.r{repeat}.log")
     with log.open("w") as handle:
-        code = run_group(cmd, handle, args.timeout, env=worker_env())
+        code = run_group(cmd, handle, args.timeout, env=worker_env() | {HOST_SYNCS_ENV: args.host_syncs})
     lines = args.out.read_text().splitlines() if args.out.exists() else []
     measured = [json.loads(line) for line in lines[before:]]
     if code != 0 or len(measured) < len(shapes):
@@ -127,6 +139,7 @@ def run_configuration(
         batch, mbs, seq = shapes[len(measured)] if len(measured) < len(shapes) else shapes[-1]
         row = {"mode": mode, "kernels": kernels, "gpus": args.gpus, "batch": batch, "mbs": mbs}
         row |= {"seq": seq, "fill": args.fill, "logprobs": args.logprobs, "levers": lever, "repeat": repeat}
+        row["host_syncs"] = None if mode == "plain" else args.host_syncs
         row["error"] = (tail or [f"exit {code}"])[0]
         with args.out.open("a") as handle:
             handle.write(json.dumps(row) + "\n")
@@ -180,14 +193,18 @@ def run_slug(mode: str, kernels: str, args: argparse.Namespace, shape: Shape, le
     """One configuration's file stem: its log here, its profile table in the worker."""
     batch, mbs, seq = shape
     shape_text = f"g{args.gpus}.b{batch}.m{mbs}.s{seq}.f{args.fill:g}"
-    return f"{mode}.{kernels}.{args.logprobs}.{shape_text}" + ("" if lever == "baseline" else f".{lever}")
+    syncs = getattr(args, "host_syncs", "lean")
+    slug = f"{mode}.{kernels}.{args.logprobs}.{shape_text}" + ("" if lever == "baseline" else f".{lever}")
+    return slug + ("" if syncs == "lean" or mode == "plain" else f".syncs-{syncs}")
 
 
 def _run_name(row: dict[str, Any]) -> str:
     verl_logprobs = row.get("logprobs") == "verl" and row["mode"] != "plain"
     lever = row.get("levers") or "baseline"
     name = row["mode"] + (f" +{lever}" if lever != "baseline" else "")
-    return name + (" (verl log-probs)" if verl_logprobs else "")
+    verl_syncs = row.get("host_syncs") == "verl" and row["mode"] != "plain"
+    name += " (verl log-probs)" if verl_logprobs else ""
+    return name + (" (verl host syncs)" if verl_syncs else "")
 
 
 def _shape(row: dict[str, Any]) -> str:
@@ -232,12 +249,11 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ((max - min) / median), the largest peak; failed repeats are counted, not averaged."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
-        key = tuple(row.get(k) for k in CONFIG_KEYS)
-        groups.setdefault(key, []).append(row)
+        groups.setdefault(config_key(row), []).append(row)
     summary = []
     for key, group in groups.items():
         ok = [r for r in group if "error" not in r]
-        entry: dict[str, Any] = dict(zip(CONFIG_KEYS, key, strict=True))
+        entry: dict[str, Any] = dict(zip(CONFIG_KEYS, key, strict=False)) | dict(key[len(CONFIG_KEYS) :])
         entry |= {"repeats": len(ok), "failed": len(group) - len(ok)}
         if ok:
             speeds = sorted(r["tokens_per_s"] for r in ok)
@@ -309,6 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="chunked",
         help="verl rows: engine.runtime.kernels.token_logprobs (what `engine run` uses) "
         "or verl's own fallback",
+    )
+    run.add_argument(
+        "--host-syncs",
+        choices=("lean", "verl"),
+        default="lean",
+        help="verl rows: engine.runtime.syncs' replacements with fewer host reads (what `engine run` uses) "
+        "or verl's own code",
     )
     run.add_argument(
         "--fill",

@@ -25,6 +25,7 @@ from benchmarks.gpu_bench import (
 from benchmarks.host_syncs import HOST_READS, sync_sites
 from engine.env.pins import dist_version
 from engine.recipes.levers import engine_config_kwargs
+from engine.runtime import syncs
 from engine.runtime.kernels import select_kernels
 
 
@@ -205,6 +206,10 @@ def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tu
         from engine.runtime.kernels import install_token_logprobs
 
         install_token_logprobs()
+    if args.host_syncs == "lean":  # engine.runtime.syncs, as engine.verl_ext installs it
+        syncs.install_host_syncs()
+    if syncs.installed() != (args.host_syncs == "lean"):  # the extension decides by the environment
+        raise RuntimeError(f"--host-syncs {args.host_syncs} and {syncs.ENV}={syncs.selected()} disagree")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     _, first_mbs, first_seq = shapes_of(args)[0]  # each step passes its own micro-batch to the engine
@@ -308,6 +313,7 @@ def _row(shape: Shape, tokens: float, elapsed: float, n_params: int, args: argpa
         "repeat": args.repeat,
         "kernel_detail": select_kernels(args.kernels[0]),
         "logprobs": args.logprobs if mode != "plain" else "model loss",
+        "host_syncs": args.host_syncs if mode != "plain" else None,
         "gpus": world,
         "batch": batch,
         "mbs": mbs,

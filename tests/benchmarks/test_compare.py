@@ -139,3 +139,16 @@ def test_the_dense_run_says_which_figure_moved_since_the_first_dense_baseline() 
     assert moved[("verl-packed", "tokens_per_s")] == "regressed"
     assert moved[("plain", "peak_alloc_gib")] == moved[("verl-packed", "peak_alloc_gib")] == "within"
     assert [line["regression"] for line in lines].count(True) == 1
+
+
+def test_rows_of_engine_runs_host_syncs_match_the_older_baselines() -> None:
+    """Rows recorded before `--host-syncs` existed key as the default (`lean`, what `engine run` does):
+    a row at the default meets the baseline, one of verl's own code paths is a configuration of its own."""
+    record = compare.read_rows(ROOT / "docs/records/h200-moe-2026-12-01/bench/moe.jsonl", MOE_TAG)
+    baselines = compare.load_baselines([OLD_MOE])
+    for host_syncs, verdicts in (("lean", {"within"}), ("verl", {"no baseline"})):
+        rows = [r | {"host_syncs": None if r["mode"] == "plain" else host_syncs} for r in record]
+        lines = compare.compare(rows, baselines, 0.05, 0.01)
+        verl_rows = [line for line in lines if "mode=plain" not in line["config"]]
+        assert verl_rows and {line["verdict"] for line in verl_rows} == verdicts
+        assert all(("host_syncs=verl" in line["config"]) == (host_syncs == "verl") for line in verl_rows)

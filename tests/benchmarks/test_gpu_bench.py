@@ -281,3 +281,25 @@ def test_sync_sites_groups_calls_by_where_they_come_from() -> None:
         profiler, calls=("aten::item", "aten::_local_scalar_dense"), title="reads", waits=False
     )
     assert nested.splitlines()[:2] == ["# reads: 1 calls, by call site", "     1 x aten::item"]
+
+
+def test_host_syncs_switch_names_only_rows_off_the_default(tmp_path: Path) -> None:
+    """`--host-syncs verl` rows carry it in their file names, table names and configuration key; `lean`
+    rows (the default) and rows from before the switch look as they did."""
+    args = _args(tmp_path, logprobs="chunked", host_syncs="lean")
+    slug = "verl-packed.torch.chunked.g1.b4.m4.s64.f1.fast"
+    assert gpu_bench.run_slug("verl-packed", "torch", args, (4, 4, 64), "fast") == slug
+    args.host_syncs = "verl"
+    assert gpu_bench.run_slug("verl-packed", "torch", args, (4, 4, 64), "fast") == slug + ".syncs-verl"
+    assert ".syncs" not in gpu_bench.run_slug("plain", "torch", args, (4, 4, 64))
+    assert gpu_bench.build_parser().parse_args(["run", "--model", "m"]).host_syncs == "lean"
+    row = {"model": "m", "mode": "verl-packed", "kernels": "torch", "levers": "fast", "logprobs": "chunked"}
+    row |= {"gpus": 1, "batch": 4, "mbs": 4, "seq": 64, "fill": 1.0, "tokens_per_s": 10.0, "step_ms": 1.0}
+    row |= {"mfu": None, "peak_alloc_gib": 0.0}
+    old, lean, verl = row, row | {"host_syncs": "lean"}, row | {"host_syncs": "verl"}
+    assert gpu_bench.config_key(old) == gpu_bench.config_key(lean) != gpu_bench.config_key(verl)
+    summary = gpu_bench.summarize([old, lean, verl])
+    assert [(s["repeats"], s.get("host_syncs")) for s in summary] == [(2, None), (1, "verl")]
+    table = gpu_bench.summary_table(summary)
+    assert "| verl-packed +fast | torch |" in table
+    assert "| verl-packed +fast (verl host syncs) | torch |" in table
