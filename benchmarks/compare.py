@@ -48,7 +48,11 @@ def key_of(row: dict[str, Any]) -> tuple:
 
 
 def make_baseline(rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    """One machine's figures: rows measured on several devices are refused (a baseline names one)."""
     ok = [r for r in rows if "error" not in r]
+    devices = sorted({str(r.get("device")) for r in ok})
+    if len(devices) > 1:
+        raise UserError(f"rows measured on {', '.join(devices)}: record each device's rows apart")
     stack = {k: ok[0].get(k) for k in STACK_KEYS} if ok else {}
     return {"schema": SCHEMA, **meta, "stack": stack, "rows": [s for s in summarize(rows) if s["repeats"]]}
 
@@ -73,10 +77,11 @@ def compare(
     rows: list[dict[str, Any]], baselines: list[dict[str, Any]], throughput: float, memory: float
 ) -> list[dict[str, Any]]:
     """One line per figure of each configuration of the new run: baseline, new, change, verdict."""
-    latest: dict[tuple, tuple[dict, dict]] = {}
+    latest: dict[tuple, tuple[dict, dict]] = {}  # (device, configuration) -> its newest baseline
     for doc in baselines:
         for base in doc["rows"]:
-            latest[key_of(base)] = (doc, base)
+            latest[(doc["stack"].get("device"), key_of(base))] = (doc, base)
+    devices = {key_of(row): row.get("device") for row in rows if "error" not in row}
     lines = []
     for new in summarize(rows):
         keys = (*CONFIG_KEYS, *DEFAULTED_KEYS)
@@ -84,10 +89,14 @@ def compare(
         if not new["repeats"]:
             lines.append({"config": name, "figure": "run", "verdict": "failed", "regression": True})
             continue
-        if key_of(new) not in latest:
+        mine = (devices.get(key_of(new)), key_of(new))
+        if mine not in latest:  # a figure of another GPU is no baseline: say where it was measured
+            elsewhere = sorted({str(d) for d, key in latest if key == mine[1]})
             lines.append({"config": name, "figure": "all", "verdict": "no baseline", "regression": False})
+            if elsewhere:
+                lines[-1]["note"] = f"on {mine[0]}; measured on {', '.join(elsewhere)} only"
             continue
-        doc, base = latest[key_of(new)]
+        doc, base = latest[mine]
         for figure, tolerance, worse in (("tokens_per_s", throughput, -1), ("peak_alloc_gib", memory, 1)):
             was, now = bounds.finite(base.get(figure)), bounds.finite(new.get(figure))
             if now is None or not was:  # a NaN figure regressed; a zero baseline (CPU peak) has no ratio
@@ -153,7 +162,7 @@ def cli_main(argv: list[str]) -> int:
     baselines = load_baselines(args.baseline or sorted(BASELINES.glob("*.json")))
     lines = compare(read_rows(args.rows, args.model), baselines, args.throughput, args.memory)
     for line in lines:
-        figures = ""
+        figures = f"({line['note']})" if "note" in line else ""
         if "change" in line:
             figures = f"{line['baseline']:,} -> {line['new']:,} ({100 * line['change']:+.1f}%, "
             figures += f"tolerance {100 * line['tolerance']:g}%, {line['baseline_file']}"

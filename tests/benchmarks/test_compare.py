@@ -152,3 +152,19 @@ def test_rows_of_engine_runs_host_syncs_match_the_older_baselines() -> None:
         verl_rows = [line for line in lines if "mode=plain" not in line["config"]]
         assert verl_rows and {line["verdict"] for line in verl_rows} == verdicts
         assert all(("host_syncs=verl" in line["config"]) == (host_syncs == "verl") for line in verl_rows)
+
+
+def test_a_figure_of_another_gpu_is_no_baseline(tmp_path: Path) -> None:
+    """The H200 baselines never judge an H100 run (the same configuration on slower memory would
+    'regress'); the line says where the configuration was measured. A baseline is one device's rows."""
+    record = compare.read_rows(ROOT / "docs/records/h200-moe-2026-12-01/bench/moe.jsonl", MOE_TAG)
+    baselines = compare.load_baselines([OLD_MOE])
+    h100 = [r | {"device": "NVIDIA H100 80GB HBM3", "tokens_per_s": 0.5 * r["tokens_per_s"]} for r in record]
+    lines = compare.compare(h100, baselines, 0.05, 0.01)
+    assert {line["verdict"] for line in lines} == {"no baseline"}
+    assert {line["note"] for line in lines} == {"on NVIDIA H100 80GB HBM3; measured on NVIDIA H200 only"}
+    assert not any(line["regression"] for line in lines)
+    meta = {"date": "2026-12-05", "commit": "c", "machine": "m", "command": "x", "source": "s"}
+    with pytest.raises(UserError, match="NVIDIA H100 80GB HBM3, NVIDIA H200: record each device"):
+        compare.make_baseline(record + h100, meta)
+    assert compare.make_baseline(h100, meta)["stack"]["device"] == "NVIDIA H100 80GB HBM3"
