@@ -314,6 +314,7 @@ def _row(shape: Shape, tokens: float, elapsed: float, n_params: int, args: argpa
         "kernel_detail": select_kernels(args.kernels[0]),
         "logprobs": args.logprobs if mode != "plain" else "model loss",
         "host_syncs": args.host_syncs if mode != "plain" else None,
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if cuda else None,
         "gpus": world,
         "batch": batch,
         "mbs": mbs,

@@ -303,3 +303,20 @@ def test_host_syncs_switch_names_only_rows_off_the_default(tmp_path: Path) -> No
     table = gpu_bench.summary_table(summary)
     assert "| verl-packed +fast | torch |" in table
     assert "| verl-packed +fast (verl host syncs) | torch |" in table
+
+
+def test_gpu_workers_allocate_as_verls_trainer_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the workers get the expandable segments verl's trainer turns on at its first weight sync
+    (without them an 80 GB card re-allocated every step); a caller's own allocator setting wins; a host
+    without a GPU gets the cpu profile instead and no allocator setting."""
+    import torch
+
+    from benchmarks.gpu_bench import worker_env
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in worker_env()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert worker_env()["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")
+    assert worker_env()["PYTORCH_CUDA_ALLOC_CONF"] == "backend:cudaMallocAsync"
