@@ -20,6 +20,10 @@ SEEDS = {  # baseline file -> (records it was made from, model tag of their rows
     "h200-2026-12-01-moe-35b-a3b-6l.json": (["docs/records/h200-moe-2026-12-01/bench/moe.jsonl"], MOE_TAG),
     "h200-2026-12-04-moe-levers.json": (["docs/records/h200-levers-2026-12-04/bench/moe.jsonl"], None),
     "h200-2026-12-04-dense-levers.json": (["docs/records/h200-levers-2026-12-04b/bench/dense.jsonl"], None),
+    "h100-2026-12-05-moe-bf16.json": (
+        [f"docs/records/h100-levers-2026-12-05/bench/moe-{step}.jsonl" for step in ("torchao", "compiled")],
+        None,
+    ),
 }
 OLD_MOE = compare.BASELINES / "h200-2026-12-01-moe-35b-a3b-6l.json"
 OLD_DENSE = compare.BASELINES / "h200-2026-12-01-dense-0p8b.json"
@@ -168,3 +172,17 @@ def test_a_figure_of_another_gpu_is_no_baseline(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="NVIDIA H100 80GB HBM3, NVIDIA H200: record each device"):
         compare.make_baseline(record + h100, meta)
     assert compare.make_baseline(h100, meta)["stack"]["device"] == "NVIDIA H100 80GB HBM3"
+
+
+def test_the_compiled_bf16_step_against_torchaos_on_the_h100() -> None:
+    """The 2026-12-05 H100 rows (docs/reference/trainer-levers.md): at 4/4/2048 the compiled bf16 step is
+    1.45x torchao's per-tensor one, same peak, neither compared with an H200 figure."""
+    record = ROOT / "docs/records/h100-levers-2026-12-05/bench"
+    rows = [r for step in ("torchao", "compiled") for r in compare.read_rows(record / f"moe-{step}.jsonl")]
+    speed = {row["levers"]: row["tokens_per_s"] for row in rows}
+    assert round(speed["fast-bf16-reduce+bf16-sr-compiled"] / speed["fast-bf16-reduce"], 2) == 1.45
+    optimizers = {"torchao.optim.adam._AdamW", "engine.runtime.optim.BF16AdamW"}
+    assert {row["optimizer"] for row in rows} == optimizers
+    assert {row["peak_alloc_gib"] for row in rows} == {67.77}
+    h200 = compare.load_baselines(sorted(compare.BASELINES.glob("h200-*.json")))
+    assert {line["verdict"] for line in compare.compare(rows, h200, 0.05, 0.01)} == {"no baseline"}
