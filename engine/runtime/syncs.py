@@ -15,10 +15,13 @@ shape and gradients are bitwise verl's; what changes is where the host learns th
 - `expand_as_nested` (verl.utils.torch_functional; the per-token temperature of every packed
   micro-batch): `repeat_interleave` without `output_size` reads the total (2 reads). The total is the
   length of the nested tensor's values, known on the host.
+- `qwen3_5_gated_delta_net_forward` (verl.models.transformers.qwen3_5; verl's monkey patch puts it on
+  transformers' Qwen3.5 gated-delta-net classes): `int(cu_seqlens[-1].item())` reads the packed total
+  from the device once per layer and micro-batch, although verl passes the host copy `cu_seqlens_cpu`
+  too. The plain packed case reads it there; every other case is verl's own function.
 
 Left as verl has them (read by verl or transformers in the middle of a function this module would have
-to copy whole): the `int(cu_seqlens[-1].item())` of verl's packed gated-delta-net forward (once per
-layer), the loss and metric `.item()`s, the token count, the grad norm's finiteness check.
+to copy whole): the loss and metric `.item()`s, the token count, the grad norm's finiteness check.
 
 `install_host_syncs` puts the replacements in place (`engine.verl_ext` does, in every verl process);
 `ENGINE_HOST_SYNCS=verl` keeps verl's own code, to compare the two (`benchmarks.gpu_bench --host-syncs`).
@@ -29,15 +32,17 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from importlib import import_module
 from types import ModuleType
 from typing import Any
 
-from engine.runtime.kernels import when_imported
+from engine.runtime.kernels import QWEN35_MODULES, when_imported
 
 ENV = "ENGINE_HOST_SYNCS"
 CHOICES = ("lean", "verl")  # lean: the replacements (the default); verl: verl's own code
 PADDING = "verl.workers.utils.padding"
 TORCH_FUNCTIONAL = "verl.utils.torch_functional"
+QWEN3_5 = "verl.models.transformers.qwen3_5"
 
 
 def selected() -> str:
@@ -114,31 +119,110 @@ def expand_as_nested(tensor: Any, nested_tensor: Any) -> Any:
     return torch.nested.nested_tensor_from_jagged(values=output, offsets=offsets)
 
 
+def qwen3_5_gated_delta_net_forward(
+    self: Any,
+    hidden_states: Any,
+    cache_params: Any = None,
+    attention_mask: Any = None,
+    cu_seqlens: Any = None,
+    cu_seqlens_cpu: Any = None,
+) -> Any:
+    """verl's packed gated-delta-net forward with the packed total read from `cu_seqlens_cpu` instead of
+    the device (one sync fewer per layer and micro-batch).
+
+    Only the plain packed training case is computed here: one row, offsets on both sides, no cache, and
+    a total equal to the row's length (under Ulysses it is the full length, and verl builds a context
+    for the shard). Anything else goes to verl's function, which then checks and raises as before. The
+    steps are verl's for a forward without that context, with verl's helpers: the same operators in the
+    same order, for the conv kernel (`causal_conv1d_fn`) and for verl's per-sequence torch conv.
+    """
+    verl = verl_function("qwen3_5_gated_delta_net_forward")
+    batch, length = hidden_states.shape[:2]
+    if (
+        cu_seqlens is None
+        or cu_seqlens_cpu is None
+        or cache_params is not None
+        or batch != 1
+        or cu_seqlens_cpu.tolist()[-1] != length  # host memory: no operator, no sync
+    ):
+        return verl(self, hidden_states, cache_params, attention_mask, cu_seqlens, cu_seqlens_cpu)
+    import torch
+    import torch.nn.functional as F
+
+    helpers = sys.modules[QWEN3_5]
+    modeling = import_module(self.__class__.__module__)  # transformers' dense or MoE Qwen3.5
+    hidden_states = modeling.apply_mask_to_padding_states(hidden_states, attention_mask)
+    mixed_qkv = self.in_proj_qkv(hidden_states).transpose(1, 2)  # [1, channels, tokens] for the conv
+    z = self.in_proj_z(hidden_states).reshape(batch, length, -1, self.head_v_dim)
+    b = self.in_proj_b(hidden_states)
+    a = self.in_proj_a(hidden_states)
+    if self.causal_conv1d_fn is None:  # verl's conv: one F.conv1d per sequence, on the host offsets
+        mixed_qkv = helpers._packed_causal_conv1d_fallback(self, mixed_qkv, cu_seqlens, cu_seqlens_cpu)
+    else:  # the kernel keeps the sequences apart by each token's sequence number
+        conv_input = helpers._as_channel_last_conv1d_input(mixed_qkv)
+        seq_idx = helpers._prepare_cp_conv_seq_idx(cu_seqlens, cu_seqlens_cpu, 0)
+        mixed_qkv = self.causal_conv1d_fn(
+            x=conv_input,
+            weight=self.conv1d.weight.squeeze(1),
+            bias=self.conv1d.bias,
+            activation=self.activation,
+            seq_idx=seq_idx,
+        )
+    sizes = [self.key_dim, self.key_dim, self.value_dim]
+    query, key, value = torch.split(mixed_qkv.transpose(1, 2), sizes, dim=-1)
+    query = query.reshape(batch, length, -1, self.head_k_dim)
+    key = key.reshape(batch, length, -1, self.head_k_dim)
+    value = value.reshape(batch, length, -1, self.head_v_dim)
+    beta = b.sigmoid()
+    g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+    heads_per_key = self.num_v_heads // self.num_k_heads
+    if heads_per_key > 1:
+        query = query.repeat_interleave(heads_per_key, dim=2)
+        key = key.repeat_interleave(heads_per_key, dim=2)
+    core, _ = helpers._packed_chunk_gated_delta_rule(
+        self, query, key, value, g, beta, cu_seqlens, cu_seqlens_cpu, None
+    )
+    core = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+    return self.out_proj(core.reshape(batch, length, -1))
+
+
 REPLACEMENTS = {PADDING: ("no_padding_2_padding", no_padding_2_padding)}
 REPLACEMENTS[TORCH_FUNCTIONAL] = ("expand_as_nested", expand_as_nested)
+REPLACEMENTS[QWEN3_5] = ("qwen3_5_gated_delta_net_forward", qwen3_5_gated_delta_net_forward)
 VERL_FUNCTIONS: dict[str, Any] = {}  # name -> verl's own function, once replaced
 
 
 def verl_function(name: str) -> Any:
     """verl's own function of that name, replaced or not (tests compare against it)."""
-    if name not in VERL_FUNCTIONS:
-        module_name = next(m for m, (n, _) in REPLACEMENTS.items() if n == name)
-        __import__(module_name)
-        return getattr(sys.modules[module_name], name)
-    return VERL_FUNCTIONS[name]
+    if name in VERL_FUNCTIONS:
+        return VERL_FUNCTIONS[name]
+    module_name = next(m for m, (n, _) in REPLACEMENTS.items() if n == name)
+    __import__(module_name)  # which may replace it, once installed
+    return VERL_FUNCTIONS.get(name) or getattr(sys.modules[module_name], name)
 
 
 def replace(module: ModuleType) -> None:
     """Put this module's replacement in `module` and in every verl module that imported the name
-    before (`from ... import name`); modules imported later take it from `module`."""
+    before (`from ... import name`); modules imported later take it from `module`. A method verl
+    already assigned it to (`apply_monkey_patch` sets the gated-delta-net forward on transformers'
+    Qwen3.5 classes) is replaced too."""
     name, ours = REPLACEMENTS[module.__name__]
     original = vars(module).get(name)
     if original is None or original is ours:
         return
     VERL_FUNCTIONS.setdefault(name, original)
     for module_name, other in list(sys.modules.items()):
-        if module_name.startswith("verl.") and other is not None and vars(other).get(name) is original:
+        if other is None or not module_name.startswith(("verl.", *QWEN35_MODULES)):
+            continue
+        if vars(other).get(name) is original:
             setattr(other, name, ours)
+        for cls in list(vars(other).values()):
+            if (
+                isinstance(cls, type)
+                and cls.__module__ == module_name
+                and vars(cls).get("forward") is original
+            ):
+                cls.forward = ours
 
 
 @functools.cache

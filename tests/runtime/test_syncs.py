@@ -6,6 +6,7 @@ read a tensor's data, which on a CPU leave no operator in a profile: `.tolist()`
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -240,3 +241,201 @@ def test_verls_packed_step_is_the_same_with_the_replacements(tmp_path: Path) -> 
     assert results["lean"] == results["verl"]
     assert results["verl"]["metrics"]["grad_norm"] > 0
     assert len(results["verl"]["loss"]) == 2 and "actor/entropy_loss" in results["verl"]["metrics"]
+
+
+GDN_LENGTHS = [5, 3, 8, 1]  # ragged, one a single token
+GDN_CONFIG = {
+    "hidden_size": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+}  # fmt: skip
+GDN_CLASSES = {  # (modeling module, config model type, gated-delta-net class)
+    "dense": ("transformers.models.qwen3_5.modeling_qwen3_5", "qwen3_5_text", "Qwen3_5GatedDeltaNet"),
+    "moe": (
+        "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+        "qwen3_5_moe_text",
+        "Qwen3_5MoeGatedDeltaNet",
+    ),
+}
+CONVS = ("verl's per-sequence conv", "the project's conv kernel")
+
+
+def gdn_layer(kind: str, conv: str, monkeypatch: pytest.MonkeyPatch) -> torch.nn.Module:
+    """One small gated-delta-net layer as a verl worker has it (the packed-lengths hooks of
+    `forward_packed_lengths`, the torch rule made per-sequence), with either conv: `causal_conv1d_fn`
+    None (verl's `_packed_causal_conv1d_fallback`) or `fla_conv1d_fn` (its CPU path)."""
+    import importlib
+
+    import transformers
+
+    from engine.runtime import kernels
+
+    module_name, model_type, class_name = GDN_CLASSES[kind]
+    modeling = importlib.import_module(module_name)
+    cls = getattr(modeling, class_name)
+    monkeypatch.setattr(cls, "__init__", cls.__init__)
+    monkeypatch.setattr(cls, "forward", cls.forward)
+    monkeypatch.setattr(cls, "_forwards_packed_lengths", False, raising=False)
+    kernels.forward_packed_lengths(cls)
+    torch.manual_seed(0)
+    layer = cls(transformers.AutoConfig.for_model(model_type, **GDN_CONFIG), layer_idx=0)
+    layer.causal_conv1d_fn = kernels.fla_conv1d_fn if conv == CONVS[1] else None
+    layer.chunk_gated_delta_rule = kernels.per_sequence(modeling.torch_chunk_gated_delta_rule)
+    return layer
+
+
+def packed_input() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(hidden states [1, tokens, 32], cu_seqlens, cu_seqlens_cpu) of the ragged sequences."""
+    cu_seqlens_cpu = torch.tensor([0, *GDN_LENGTHS]).cumsum(0).to(torch.int32)
+    hidden = torch.randn(1, sum(GDN_LENGTHS), 32, generator=torch.Generator().manual_seed(3))
+    return hidden, cu_seqlens_cpu.clone(), cu_seqlens_cpu  # the first the device copy on a GPU
+
+
+def _gdn_run(layer: torch.nn.Module, forward: Callable[..., Any], **kwargs: Any) -> list[torch.Tensor]:
+    """Output, input gradient and parameter gradients of one forward and backward through the module
+    call (so its hooks run) with `forward` as the class's forward."""
+    type(layer).forward = forward
+    layer.zero_grad(set_to_none=True)
+    hidden, cu_seqlens, cu_seqlens_cpu = packed_input()
+    hidden.requires_grad_()
+    out = layer(hidden, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, **kwargs)
+    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(4))).sum().backward()
+    return [out, hidden.grad, *(p.grad for p in layer.parameters())]
+
+
+@pytest.mark.parametrize("conv", CONVS, ids=str)
+@pytest.mark.parametrize("kind", GDN_CLASSES, ids=str)
+def test_gated_delta_net_forward_is_verls_bitwise(
+    kind: str, conv: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.runtime import kernels
+
+    layer = gdn_layer(kind, conv, monkeypatch)
+    seen, derive = [], kernels.conv_cu_seqlens
+    monkeypatch.setattr(kernels, "conv_cu_seqlens", lambda *a: seen.append(a) or derive(*a))
+    verl = syncs.verl_function("qwen3_5_gated_delta_net_forward")
+    mask = torch.ones(1, sum(GDN_LENGTHS), dtype=torch.long)  # verl's packed rows pass one; a no-op
+    for kwargs in ({}, {"attention_mask": mask}):
+        theirs = _gdn_run(layer, verl, **kwargs)
+        ours = _gdn_run(layer, syncs.qwen3_5_gated_delta_net_forward, **kwargs)
+        assert len(ours) == 2 + len(list(layer.parameters())) and all(t is not None for t in ours)
+        for mine, verls in zip(ours, theirs, strict=True):
+            assert mine.dtype == verls.dtype and torch.equal(mine, verls)
+        assert ours[0].grad_fn.name() == theirs[0].grad_fn.name()
+    assert kernels._PACKED_LENGTHS == []  # the hooks saw the kwargs and left
+    assert len(seen) == (4 if conv == CONVS[1] else 0)  # the kernel conv asked for the lengths each call
+
+
+@pytest.mark.parametrize("conv", CONVS, ids=str)
+def test_gated_delta_net_forward_reads_the_host_once_less(conv: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    layer = gdn_layer("dense", conv, monkeypatch)
+    hidden, cu_seqlens, cu_seqlens_cpu = packed_input()
+    verl = syncs.verl_function("qwen3_5_gated_delta_net_forward")
+    calls = {
+        name: (lambda f=f: f(layer, hidden, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu))
+        for name, f in (("verl", verl), ("ours", syncs.qwen3_5_gated_delta_net_forward))
+    }
+    with torch.no_grad():
+        reads = {name: _profiled_reads(call) for name, call in calls.items()}
+        assert reads["ours"] == reads["verl"] - 1  # fails on verl's own
+        with PythonReads() as ours:
+            calls["ours"]()
+        with PythonReads() as theirs:
+            calls["verl"]()
+    assert theirs.calls.count("item") == 1 and "item" not in ours.calls  # verl's cu_seqlens[-1].item()
+    assert ours.calls.count("tolist") == theirs.calls.count("tolist") + 1  # the host copy's total
+
+
+def test_gated_delta_net_forward_leaves_the_other_cases_to_verl(monkeypatch: pytest.MonkeyPatch) -> None:
+    layer = gdn_layer("dense", CONVS[0], monkeypatch)
+    hidden, cu_seqlens, cu_seqlens_cpu = packed_input()
+    verl = syncs.verl_function("qwen3_5_gated_delta_net_forward")
+    calls: list[tuple[Any, ...]] = []
+
+    def spy(*args: Any) -> Any:
+        calls.append(args)
+        return verl(*args)
+
+    monkeypatch.setitem(syncs.VERL_FUNCTIONS, "qwen3_5_gated_delta_net_forward", spy)
+    ours = syncs.qwen3_5_gated_delta_net_forward
+    with torch.no_grad():
+        # without the host copy: verl reads the device one
+        out = ours(layer, hidden, cu_seqlens=cu_seqlens, cu_seqlens_cpu=None)
+        assert len(calls) == 1 and calls[0][4] is cu_seqlens and calls[0][5] is None
+        assert torch.equal(out, verl(layer, hidden, cu_seqlens=cu_seqlens, cu_seqlens_cpu=None))
+        # unpacked: verl's plain conv over the row
+        assert torch.equal(ours(layer, hidden), verl(layer, hidden)) and len(calls) == 2
+        # a total that is not the row's (Ulysses shards, or wrong offsets): verl decides and raises
+        bad = torch.tensor([0, 5, 9], dtype=torch.int32)
+        with pytest.raises(ValueError, match="does not match seq_len 8"):
+            ours(layer, hidden[:, :8], cu_seqlens=bad, cu_seqlens_cpu=bad)
+        assert len(calls) == 3
+        # a cache: verl refuses packed cached forwards
+        with pytest.raises(NotImplementedError, match="cached forward"):
+            ours(layer, hidden, cache_params=object(), cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+        assert len(calls) == 4
+
+
+INSTALLED = """
+import json, sys
+from engine.runtime.kernels import select_kernels
+select_kernels("torch")
+from engine.runtime import syncs
+from transformers import AutoModelForImageTextToText
+from transformers.models.qwen3_5 import modeling_qwen3_5 as dense
+from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as moe
+syncs.install_host_syncs()
+from verl.models.transformers.monkey_patch import apply_monkey_patch
+model = AutoModelForImageTextToText.from_pretrained(sys.argv[1])  # as verl loads Qwen3.5
+apply_monkey_patch(model, use_remove_padding=True)
+ours, verl = syncs.qwen3_5_gated_delta_net_forward, syncs.verl_function("qwen3_5_gated_delta_net_forward")
+def which(forward):
+    return {ours: "ours", verl: "verl"}.get(forward, repr(forward))
+layer = next(m for m in model.modules() if type(m).__name__ == "Qwen3_5GatedDeltaNet")
+found = [which(dense.Qwen3_5GatedDeltaNet.forward), which(moe.Qwen3_5MoeGatedDeltaNet.forward)]
+found.append(which(type(layer).forward))
+print(json.dumps({"found": found, "installed": syncs.installed()}))
+"""
+
+
+@pytest.mark.parametrize("host_syncs", syncs.CHOICES)
+def test_verls_monkey_patch_installs_the_forward(host_syncs: str, tmp_path: Path) -> None:
+    """In a fresh process as in a verl worker: the replacements installed before verl's qwen3_5 module
+    is imported, then verl's `apply_monkey_patch` on the small dense model puts ours on both classes,
+    or verl's with `ENGINE_HOST_SYNCS=verl`."""
+    from engine.data import random_model
+    from tests.conftest import ROOT
+
+    model = random_model.make_model(tmp_path / "dense", small=True)
+    env = dict(os.environ) | {
+        "PYTHONPATH": str(ROOT),
+        syncs.ENV: host_syncs,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", INSTALLED, str(model)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    expected = "ours" if host_syncs == "lean" else "verl"
+    assert result == {"found": [expected] * 3, "installed": host_syncs == "lean"}
+
+
+def test_replace_reaches_a_forward_verl_already_assigned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """verl's actor built before the replacement: the classes' forward is verl's; `replace` swaps it."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as dense
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as moe
+    from verl.models.transformers import qwen3_5
+
+    verl = syncs.verl_function("qwen3_5_gated_delta_net_forward")
+    monkeypatch.setattr(qwen3_5, "qwen3_5_gated_delta_net_forward", verl)
+    monkeypatch.setattr(dense.Qwen3_5GatedDeltaNet, "forward", verl)
+    monkeypatch.setattr(moe.Qwen3_5MoeGatedDeltaNet, "forward", verl)
+    syncs.replace(qwen3_5)
+    ours = syncs.qwen3_5_gated_delta_net_forward
+    assert qwen3_5.qwen3_5_gated_delta_net_forward is ours
+    assert dense.Qwen3_5GatedDeltaNet.forward is ours and moe.Qwen3_5MoeGatedDeltaNet.forward is ours
+    assert syncs.verl_function("qwen3_5_gated_delta_net_forward") is verl
