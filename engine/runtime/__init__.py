@@ -23,9 +23,10 @@ driver and in every Ray worker that inherits the environment. Importing this mod
 7. applies the test-only breakage named by `ENGINE_TEST_BREAK`, if any (`engine.runtime.mutations`);
 8. where fla is absent, makes transformers' torch gated-delta rule honour the packed sequences verl's
    Qwen3.5 forward hands it (`engine.runtime.kernels.guard_packed_sequences`; it ignored them);
-9. replaces two verl functions on the packed training step that read device data on the host many times
-   (a sync each on a GPU) with ones that compute the same tensors with at most one read
-   (`engine.runtime.syncs`); `ENGINE_HOST_SYNCS=verl` keeps verl's own, for comparisons.
+9. replaces three verl functions on the packed training step that read device data on the host (a sync
+   each on a GPU: many per call, or once per gated-delta-net layer) with ones that compute the same
+   tensors with at most one read (`engine.runtime.syncs`); `ENGINE_HOST_SYNCS=verl` keeps verl's own,
+   for comparisons.
 
 Why (6) runs at import time: verl offers no hook in the driver between Hydra composing the config and
 Ray starting workers (`auto_set_device`/`validate_config` are plain functions, not registries). The

@@ -204,6 +204,8 @@ for host_syncs in ("verl", "lean"):
             syncs.replace(sys.modules[name])
     assert syncs.installed() == (host_syncs == "lean")
     engine, config = build_verl_engine(sys.argv[1], True, 2, 32, False, ["fast"])
+    gdn = next(type(m) for m in engine.module.modules() if type(m).__name__ == "Qwen3_5GatedDeltaNet")
+    assert (gdn.forward is syncs.qwen3_5_gated_delta_net_forward) == (host_syncs == "lean")
     vocab = config.hf_config.get_text_config().vocab_size
     ids, mask = _batch(vocab, 4, 32, "cpu", 7), _response_mask(0.3, 4, 32, 16, 7)
     advantages = torch.randn(4, 16, generator=torch.Generator().manual_seed(7))
@@ -224,7 +226,8 @@ print(json.dumps(results))
 def test_verls_packed_step_is_the_same_with_the_replacements(tmp_path: Path) -> None:
     """verl's FSDP2 engine on the CPU (the small dense model, ragged responses, two micro-batches, entropy
     on): one packed train_batch with verl's functions, then one from the same weights with the
-    replacements. Losses, metrics, grad norm and the updated weights are bitwise equal."""
+    replacements (the gated-delta-net layers' forward included: verl packs with cu_seqlens and its
+    host copy there). Losses, metrics, grad norm and the updated weights are bitwise equal."""
     from benchmarks.gpu_bench import worker_env
     from engine.data import random_model
     from tests.conftest import ROOT
