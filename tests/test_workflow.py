@@ -208,7 +208,7 @@ bench:
   steps: 1
   repeats: 1
   stages:
-    moe-padded: {model: Qwen3.5-35B-A3B-6L, modes: verl-padded, shapes: 2/2/32, levers: fast-bf16}
+    moe-padded: {model: Qwen3.5-35B-A3B-6L, modes: verl-padded, shapes: 2/2/32, levers: fast-bf16, host_syncs: verl}
 """
 
 
@@ -222,9 +222,13 @@ def test_bench_levers_runs_on_the_cpu_at_tiny_widths(tmp_path: Path) -> None:
     proc = snakemake(work, *args, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (work / "results/bench/moe-padded.jsonl").read_text().splitlines()]
-    assert [(r["levers"], r["param_dtype"], r["state_dtype"], r["reshard_after_forward"]) for r in rows] == [
-        ("fast-bf16", "bfloat16", "bfloat16", False)
+    got = [
+        (r["levers"], r["param_dtype"], r["state_dtype"], r["reshard_after_forward"], r["host_syncs"])
+        for r in rows
     ]
+    assert got == [
+        ("fast-bf16", "bfloat16", "bfloat16", False, "verl")
+    ]  # the stage's host_syncs reached the worker
     assert all(r["model"].startswith("qwen3_5_moe_text") and r["tokens_per_s"] > 0 for r in rows)
     compared = json.loads((work / "results/bench/compare-moe-padded.json").read_text())
     assert [(c["verdict"], c["regression"]) for c in compared] == [("no baseline", False)]

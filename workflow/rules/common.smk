@@ -297,6 +297,8 @@ def bench_args(stage):
     options |= {k: bench[k] for k in ("kernels", "steps", "repeats")}
     if spec.get("profile"):
         options["profile"] = BENCH / "profile" / stage
+    if spec.get("host_syncs"):
+        options["host-syncs"] = spec["host_syncs"]
     return shlex.join(str(a) for k, v in options.items() for a in (f"--{k}", v))
 
 
