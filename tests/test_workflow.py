@@ -208,7 +208,8 @@ bench:
   steps: 1
   repeats: 1
   stages:
-    moe-padded: {model: Qwen3.5-35B-A3B-6L, modes: verl-padded, shapes: 2/2/32, levers: fast-bf16, host_syncs: verl}
+    moe-padded:
+      {model: Qwen3.5-35B-A3B-6L, modes: verl-padded, shapes: 2/2/32, levers: fast-bf16, host_syncs: verl}
 """
 
 
