@@ -24,7 +24,7 @@ from benchmarks.gpu_bench import (
 )
 from benchmarks.host_syncs import HOST_READS, sync_sites
 from engine.env.pins import dist_version
-from engine.recipes.levers import engine_config_kwargs
+from engine.recipes.levers import attn_implementation, engine_config_kwargs
 from engine.runtime import syncs
 from engine.runtime.kernels import select_kernels
 
@@ -75,6 +75,7 @@ def applied_settings(module: Any, optimizer: Any) -> dict[str, Any]:
         "state_dtype": str(states[0].dtype).removeprefix("torch.") if states else None,
         "reshard_after_forward": reshard,
         "grad_reduce_dtype": None if reduce is None else str(reduce).removeprefix("torch."),
+        "attn_implementation": getattr(getattr(module, "config", None), "_attn_implementation", None),
     }
 
 
@@ -125,6 +126,9 @@ def build_verl_engine(
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
     from verl.workers.engine import EngineRegistry
 
+    from engine.runtime import attention
+
+    attention.register()  # as engine.verl_ext does in every verl process of `engine run`
     engine_levers, optimizer_levers = engine_config_kwargs(levers)
     engine_levers |= engine_overrides or {}
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -133,7 +137,7 @@ def build_verl_engine(
         load_tokenizer=False,
         use_remove_padding=packed,
         enable_gradient_checkpointing=recompute,
-        override_config={"attn_implementation": "sdpa"},
+        override_config={"attn_implementation": attn_implementation(levers)},
     )
     settings = {"use_no_sync_for_gradient_accumulation": False} | engine_levers  # verl trainer's default
     engine_config = FSDPEngineConfig(

@@ -45,14 +45,15 @@ TOLERANCE = {
 
 
 def tolerance_class(lever: str) -> str:
-    """A lever that changes the optimizer's kernel, keeps bf16 master weights, or sums gradients in bf16
-    (bf16-reduce: across devices and deferred micro-batches) is held to `rounding`; one that only
-    reschedules the same operations to `exact`."""
+    """A lever that changes the optimizer's or the attention's kernel, keeps bf16 master weights, or sums
+    gradients in bf16 (bf16-reduce: across devices and deferred micro-batches) is held to `rounding`; one
+    that only reschedules the same operations to `exact`."""
     fields = {} if lever == CONTROL else lever_fields([lever])
     rounds = (
         fields.get("actor.optim.precision") == "bf16_sr"
         or fields.get("actor.reduce_dtype") == "bf16"
         or fields.get("actor.optim.implementation") == "fused"
+        or fields.get("model.attn_implementation") == "torch_varlen"
     )
     return "rounding" if lever == CONTROL or rounds else "exact"
 
@@ -198,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
             "fast",
             "fast-bf16",
             "fast-bf16-reduce+no-sync",
+            "varlen-attn",
             CONTROL,
         ],
         help=f"levers to compare with {REFERENCE} (always run, first); {CONTROL}: the control, must fail",

@@ -162,14 +162,16 @@ def test_cpu_chain_builds_the_tiny_assets_it_trains_on(scratch: Path) -> None:
 
 def test_bench_levers_runs_every_configured_stage_and_compares_it(scratch: Path) -> None:
     """The trainer benchmarks as workflow jobs: one bench-gpu run per configured stage on the models the
-    workflow builds, the numerics check, and each stage against its regression baseline."""
+    workflow builds, the numerics and attention checks, and each stage against its regression baseline."""
     proc = snakemake(scratch, "-n", "-p", "--profile", "profiles/h200", "bench_levers")
     assert proc.returncode == 0, proc.stderr[-2000:]
     counts = job_counts(proc.stdout)
     assert (
-        counts["bench_trainer"] == 3 and counts["compare_baseline"] == 3 and counts["trainer_numerics"] == 1
+        counts["bench_trainer"] == 4 and counts["compare_baseline"] == 4 and counts["trainer_numerics"] == 1
     )
-    assert counts["random_model"] == 2
+    assert counts["random_model"] == 2 and counts["attention_check"] == 1
+    check = next(line for line in proc.stdout.splitlines() if "benchmarks.attention_check" in line)
+    assert "--model results/models/Qwen3.5-0.8B --seqs 4 --seq 2048" in check
     commands = [line for line in proc.stdout.splitlines() if "benchmarks.gpu_bench run" in line]
     moe = next(c for c in commands if "--out results/bench/moe.jsonl" in c)
     assert "--model results/models/Qwen3.5-35B-A3B-6L" in moe and "--repeats 3" in moe

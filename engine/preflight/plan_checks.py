@@ -167,6 +167,7 @@ def _levers(plan: Plan) -> list[str]:
             "actor.reduce_dtype=bf16 is verl's FSDP/FSDP2 mixed precision, not validated with fsdp_turbo "
             "(its fsdp_plan has its own reduce_dtype); set actor.strategy=fsdp2 or actor.reduce_dtype=fp32"
         )
+    problems += _varlen_attention(plan)
     if a.optim.precision != "bf16_sr":
         return problems
     if a.strategy == "fsdp_turbo":
@@ -178,6 +179,27 @@ def _levers(plan: Plan) -> list[str]:
         problems.append(
             "actor.optim.precision=bf16_sr with offload: torchao's compiled step would run on the host, "
             "which was never validated; set actor.offload_policy/param_offload/optimizer_offload=false"
+        )
+    return problems
+
+
+def _varlen_attention(plan: Plan) -> list[str]:
+    """`torch_varlen` attends packed rows on one rank (engine.runtime.attention): it refuses padded
+    batches, and a sequence split over Ulysses or FSDP-Turbo's CP ranks would attend its shard only."""
+    r = plan.recipe
+    if r.model.attn_implementation != "torch_varlen":
+        return []
+    problems = []
+    if not r.model.use_remove_padding:
+        problems.append(
+            "model.attn_implementation=torch_varlen attends packed sequences only; set "
+            "model.use_remove_padding=true or model.attn_implementation=sdpa"
+        )
+    if r.actor.strategy == "fsdp_turbo" or r.parallel.verl_sp > 1:
+        problems.append(
+            "model.attn_implementation=torch_varlen is validated with verl's fsdp/fsdp2 engines without "
+            "sequence parallelism; set actor.strategy=fsdp2 and parallel.verl_sp=1, or "
+            "model.attn_implementation=sdpa"
         )
     return problems
 

@@ -45,6 +45,10 @@ LEVERS: dict[str, tuple[dict[str, Any], str]] = {
         {"actor.optim.precision": "bf16_sr", "actor.optim.implementation": "compiled"},
         "bf16-sr with its step traced once over all tensors, not one compiled call (a cache walk) per tensor",
     ),
+    "varlen-attn": (
+        {"model.attn_implementation": "torch_varlen"},
+        "attention per packed sequence with torch's varlen flash kernel, not SDPA under a block mask",
+    ),
     "fast": (
         {"actor.optim.implementation": "fused", "actor.reshard_after_forward": False},
         "fused + no-reshard: the exact-numerics bundle for one GPU",
@@ -139,6 +143,12 @@ def optimizer_keys(optim: Optim) -> dict[str, Any]:
     elif optim.implementation != "default":
         keys["optim.override_optimizer_config"] = {optim.implementation: True}
     return keys
+
+
+def attn_implementation(names: list[str], default: str = "sdpa") -> str:
+    """The attention the levers select for the model (`override_config.attn_implementation`), else
+    `default` (the GPU recipes' sdpa): for driving verl's engine without a recipe."""
+    return lever_fields(names).get("model.attn_implementation", default)
 
 
 def engine_config_kwargs(names: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -32,7 +32,12 @@ class Model(Section):
     gradient_checkpointing: bool = Field(
         False, description="activation checkpointing of the HF model (enable_gradient_checkpointing)"
     )
-    attn_implementation: str | None = Field(None, description="override_config.attn_implementation")
+    attn_implementation: str | None = Field(
+        None,
+        description="override_config.attn_implementation (verl's default: flash_attention_2); sdpa where "
+        "flash-attn is absent; torch_varlen: the project's per-sequence attention for packed rows (the "
+        "varlen-attn lever)",
+    )
     init: Literal["pretrained", "random"] = Field(
         "pretrained",
         description="pretrained: path holds released weights; random: the workflow writes a seeded "

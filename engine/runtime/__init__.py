@@ -27,6 +27,9 @@ driver and in every Ray worker that inherits the environment. Importing this mod
    each on a GPU: many per call, or once per gated-delta-net layer) with ones that compute the same
    tensors with at most one read (`engine.runtime.syncs`); `ENGINE_HOST_SYNCS=verl` keeps verl's own,
    for comparisons.
+10. names `torch_varlen` in transformers' attention registry (`engine.runtime.attention`): attention per
+   packed sequence with torch's varlen flash kernel, which `model.attn_implementation` (the
+   `varlen-attn` lever) selects instead of SDPA under a block mask.
 
 Why (6) runs at import time: verl offers no hook in the driver between Hydra composing the config and
 Ray starting workers (`auto_set_device`/`validate_config` are plain functions, not registries). The
@@ -51,7 +54,7 @@ def install_vllm_cpu() -> bool:
 def install() -> None:
     """Everything above, in a verl process; exits 2 with one line on a missing fsdp_turbo or a bad
     `ENGINE_TEST_BREAK` or `ENGINE_HOST_SYNCS`."""
-    from engine.runtime import cpu_platform, mutations, rollout, syncs, turbo_check
+    from engine.runtime import attention, cpu_platform, mutations, rollout, syncs, turbo_check
     from engine.runtime.kernels import guard_packed_sequences, install_token_logprobs
 
     problem = turbo_check.check_turbo()
@@ -62,6 +65,7 @@ def install() -> None:
     rollout.register_rollout()
     install_token_logprobs()
     guard_packed_sequences()
+    attention.register()
     try:
         syncs.install_host_syncs()
     except ValueError as err:

@@ -85,7 +85,7 @@ def test_levers_train_like_the_fp32_reference_and_the_control_does_not(tmp_path:
             "--steps",
             "20",
             "--levers",
-            "fast,no-sync,bf16-sr,bf16-sr-compiled,bf16-rn",
+            "fast,no-sync,bf16-sr,bf16-sr-compiled,varlen-attn,bf16-rn",
         ]
     )
     verdicts = {r["lever"]: r for r in map(json.loads, out.read_text().splitlines()) if r.get("verdict")}
@@ -95,10 +95,12 @@ def test_levers_train_like_the_fp32_reference_and_the_control_does_not(tmp_path:
         "no-sync",
         "bf16-sr",
         "bf16-sr-compiled",
+        "varlen-attn",
         "bf16-rn",
     ]
     assert all(v["steps"] == 20 and v["conclusive"] and v["drop_step"] == 16 for v in verdicts.values())
-    assert all(verdicts[lever]["within"] for lever in ("fast", "no-sync", "bf16-sr", "bf16-sr-compiled"))
+    levers = ("fast", "no-sync", "bf16-sr", "bf16-sr-compiled", "varlen-attn")
+    assert all(verdicts[lever]["within"] for lever in levers)
     assert not verdicts["bf16-rn"]["within"]
     assert verdicts["baseline"]["loss_last"] < verdicts["baseline"]["loss_first"]  # it trains
     applied = {lever: v["applied"] for lever, v in verdicts.items()}
@@ -112,3 +114,5 @@ def test_levers_train_like_the_fp32_reference_and_the_control_does_not(tmp_path:
     assert compiled["optimizer"] == "engine.runtime.optim.BF16AdamW"
     assert compiled["param_dtype"] == compiled["state_dtype"] == "bfloat16"
     assert applied["baseline"]["param_dtype"] == applied["baseline"]["state_dtype"] == "float32"
+    assert applied["varlen-attn"]["attn_implementation"] == "torch_varlen"
+    assert applied["baseline"]["attn_implementation"] == "sdpa"

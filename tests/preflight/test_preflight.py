@@ -122,6 +122,13 @@ def test_shipped_recipes_pass(name: str, device: str, sets: list[str]) -> None:
         (
             "tiny_cpu",
             "cpu",
+            ["model.attn_implementation=torch_varlen", "model.use_remove_padding=false"],
+            "attends packed sequences only",
+        ),
+        ("qwen35_35b", "gpu", ["model.attn_implementation=torch_varlen"], "without sequence parallelism"),
+        (
+            "tiny_cpu",
+            "cpu",
             ["actor.optim.precision=bf16_sr", "actor.offload_policy=true"],
             "torchao's compiled step would run on the host",
         ),

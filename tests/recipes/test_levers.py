@@ -38,6 +38,7 @@ EXPECTED = {
         "actor_rollout_ref.actor.optim.optimizer": "BF16AdamW",
         "actor_rollout_ref.actor.optim.override_optimizer_config": {"bf16_stochastic_round": True},
     },
+    "varlen-attn": {"actor_rollout_ref.model.override_config.attn_implementation": "torch_varlen"},
 }
 
 
@@ -93,6 +94,9 @@ def test_engine_kwargs_are_the_rendered_keys() -> None:
             assert rendered[f"{actor}.fsdp_config.{key}"] == value
         for key, value in optimizer.items():
             assert rendered[f"{actor}.optim.{key}"] == value
+        assert rendered["actor_rollout_ref.model.override_config.attn_implementation"] == (
+            levers.attn_implementation([name])
+        )
 
 
 @pytest.mark.parametrize("lever", ["fused", "foreach", "bf16-sr", "bf16-sr-compiled"])

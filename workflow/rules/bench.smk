@@ -50,6 +50,28 @@ rule trainer_numerics:
         "--lr {params.lr} --out {output} > {log} 2>&1 || {{ cp {output} {params.kept} 2>/dev/null; exit 1; }}"
 
 
+# torch_varlen (the varlen-attn lever) against transformers' masked SDPA: a difference beyond the
+# check's tolerance fails the job, whose row stays in the log
+rule attention_check:
+    input:
+        model=str(models_dir() / config["bench"]["attention"]["model"]),
+    output:
+        BENCH / "attention-check.jsonl",
+    log:
+        BENCH / "logs" / "attention-check.log",
+    container:
+        gpu_image
+    resources:
+        accelerator_jobs=1,
+    params:
+        seqs=config["bench"]["attention"]["seqs"],
+        seq=config["bench"]["attention"]["seq"],
+        python=python(),
+    shell:
+        "{params.python} -m benchmarks.attention_check --model {input.model} --seqs {params.seqs} "
+        "--seq {params.seq} --out {output} > {log} 2>&1"
+
+
 # a regression (throughput or peak memory beyond the tolerance) fails the job; its report stays in the log
 rule compare_baseline:
     input:

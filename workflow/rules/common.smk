@@ -304,6 +304,7 @@ def bench_args(stage):
 
 BENCH_OUTPUTS = {
     "numerics": BENCH / "numerics.jsonl",
+    "attention": BENCH / "attention-check.jsonl",
     "rollout": BENCH / "rollout-ratio.json",
 }
 

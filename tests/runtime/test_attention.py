@@ -1,0 +1,184 @@
+"""`torch_varlen` (engine.runtime.attention) attends each packed sequence as transformers' masked SDPA
+does, reads the boundaries once per forward, and is what verl's engine runs when the lever selects it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.runtime import attention
+
+LENGTHS = [5, 9, 1, 3]  # ragged, one a single token
+
+
+def tiny_qwen35(implementation: str, moe: bool = False) -> torch.nn.Module:
+    """A 4-layer Qwen3.5 text model (one full-attention layer, 4 query heads over 2 key-value heads)."""
+    import transformers
+
+    attention.register()
+    shape = {
+        "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "vocab_size": 300, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    }  # fmt: skip
+    if moe:
+        config = transformers.Qwen3_5MoeTextConfig(
+            **shape, moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+            num_experts_per_tok=2,
+        )  # fmt: skip
+        model_cls = transformers.Qwen3_5MoeForCausalLM
+    else:
+        config = transformers.Qwen3_5TextConfig(**shape, intermediate_size=128)
+        model_cls = transformers.Qwen3_5ForCausalLM
+    torch.manual_seed(0)
+    return model_cls._from_config(config, attn_implementation=implementation, dtype=torch.float32)
+
+
+def packed_row(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(0, 300, (1, sum(lengths)), generator=torch.Generator().manual_seed(1))
+    return ids, torch.cat([torch.arange(n) for n in lengths])[None]
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_a_packed_row_attends_as_masked_sdpa(moe: bool) -> None:
+    """Logits and every gradient equal transformers' SDPA under its block-diagonal mask (fp32, CPU;
+    transformers builds that mask only without a cache, as in training)."""
+    reference, varlen = tiny_qwen35("sdpa", moe), tiny_qwen35(attention.NAME, moe)
+    varlen.load_state_dict(reference.state_dict())
+    assert varlen.config._attn_implementation == attention.NAME
+    ids, positions = packed_row(LENGTHS)
+    outputs = []
+    for model in (reference, varlen):
+        logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits  # as verl trains
+        logits.square().mean().backward()
+        outputs.append(logits)
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-5, atol=1e-6)
+    for (name, want), got in zip(reference.named_parameters(), varlen.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-5, atol=1e-7, msg=name)
+    # the check can fail: one unbroken sequence attends across the boundaries
+    unpacked = varlen(input_ids=ids, position_ids=torch.arange(ids.shape[1])[None], use_cache=False).logits
+    assert (unpacked - outputs[0]).abs().max() > 1e-3
+
+
+def test_full_rows_without_a_mask_attend_row_by_row() -> None:
+    """verl's padded mode with nothing padded: a batch of rows, no mask, positions from 0 in each."""
+    reference, varlen = tiny_qwen35("sdpa"), tiny_qwen35(attention.NAME)
+    varlen.load_state_dict(reference.state_dict())
+    ids = torch.randint(0, 300, (3, 7), generator=torch.Generator().manual_seed(2))
+    positions = torch.arange(7).expand(3, 7)
+    want, got = (
+        m(input_ids=ids, position_ids=positions, use_cache=False).logits for m in (reference, varlen)
+    )
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert attention.sequence_bounds(positions)[1] == [0, 7, 14, 21]
+
+
+def test_the_boundaries_are_read_once_per_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, positions = packed_row(LENGTHS)
+    bounds, host = attention.sequence_bounds(positions)
+    assert host == [0, 5, 14, 15, 18] and bounds.dtype == torch.int32 and bounds.tolist() == host
+    reads = []
+    monkeypatch.setattr(torch, "nonzero", lambda *a, **k: reads.append(1) or torch.ops.aten.nonzero(*a))
+    assert attention.sequence_bounds(positions)[1] == host and not reads  # same tensor: cached
+    assert attention.sequence_bounds(positions.clone())[1] == host and len(reads) == 1
+
+
+def test_calls_without_position_ids_are_plain_sdpa() -> None:
+    """Qwen3.5's vision blocks call once per image, non-causal, without position ids."""
+    q, k, v = (torch.randn(1, 4, 6, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    module = torch.nn.Module()
+    out, weights = attention.varlen_attention_forward(module, q, k, v, None, is_causal=False)
+    assert weights is None
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v).transpose(1, 2))
+
+
+def test_a_padded_batch_is_refused() -> None:
+    q = torch.randn(2, 4, 6, 8)
+    with pytest.raises(ValueError, match="use_remove_padding=true"):
+        attention.varlen_attention_forward(torch.nn.Module(), q, q, q, torch.ones(2, 6, dtype=torch.bool))
+
+
+ENGINE_STEP = """
+import json, sys
+from functools import partial
+import torch, torch.distributed as dist
+from engine.runtime.kernels import select_kernels
+select_kernels("torch")
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
+from verl.utils import tensordict_utils as tu
+from verl.workers.config import ActorConfig
+from verl.workers.utils.losses import ppo_loss
+from benchmarks.gpu_worker import _batch, _response_mask, build_verl_engine, verl_batch
+from engine.runtime import attention
+calls = []
+bounds = attention.sequence_bounds
+attention.sequence_bounds = lambda p: calls.append(1) or bounds(p)
+results = {}
+for levers in (["fast"], ["fast", "varlen-attn"]):
+    calls.clear()
+    engine, config = build_verl_engine(sys.argv[1], True, 2, 32, False, levers)
+    vocab = config.hf_config.get_text_config().vocab_size
+    ids, mask = _batch(vocab, 4, 32, "cpu", 7), _response_mask(0.3, 4, 32, 16, 7)
+    advantages = torch.randn(4, 16, generator=torch.Generator().manual_seed(7))
+    td = verl_batch(ids, mask, advantages, 1, 2, True)
+    td["old_log_probs"] = torch.full_like(td["old_log_probs"], -7.0)
+    actor = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=2)
+    with engine.train_mode():
+        out = engine.train_batch(td, loss_function=partial(ppo_loss, config=actor))
+    weights = sum(p.detach().double().abs().sum() for p in engine.module.parameters())
+    results["+".join(levers)] = {
+        "attn": config.hf_config._attn_implementation, "calls": len(calls), "loss": out["loss"],
+        "grad_norm": getattr(out["metrics"]["grad_norm"], "values", out["metrics"]["grad_norm"]),
+        "weights": float(weights),
+    }
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.slow
+def test_verls_packed_step_runs_it_and_trains_alike(tmp_path: Path) -> None:
+    """verl's FSDP2 engine on the CPU (the small dense model, ragged responses, two micro-batches): with
+    the lever the model is built with `torch_varlen`, every attention layer's forward comes through it,
+    and loss, grad norm and updated weights match the sdpa step from the same weights to bf16 precision
+    (the fp32 equality is the first test's)."""
+    from benchmarks.gpu_bench import worker_env
+    from engine.data import random_model
+    from tests.conftest import ROOT
+
+    model = random_model.make_model(tmp_path / "dense", small=True)
+    env = worker_env() | {"PYTHONPATH": str(ROOT), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", ENGINE_STEP, str(model), str(tmp_path / "pg")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.splitlines()[-1])
+    sdpa, varlen = results["fast"], results["fast+varlen-attn"]
+    assert (sdpa["attn"], sdpa["calls"]) == ("sdpa", 0)
+    assert varlen["attn"] == attention.NAME and varlen["calls"] > 0
+    print(json.dumps(results))
+    # bf16 compute (FSDP2's param dtype): the two kernels round differently, so equal to bf16 precision
+    assert varlen["loss"] == pytest.approx(sdpa["loss"], rel=2e-3)
+    assert varlen["grad_norm"] == pytest.approx(sdpa["grad_norm"], rel=1e-2)
+    assert varlen["weights"] == pytest.approx(sdpa["weights"], rel=1e-6)
+
+
+def test_the_gpu_check_agrees_on_the_cpu(tmp_path: Path) -> None:
+    """`benchmarks.attention_check` (run on the GPU with the bench stages) on the small model in bf16:
+    logits and gradients within its tolerance, its JSON line appended to --out."""
+    from benchmarks import attention_check
+    from engine.data import random_model
+
+    model = random_model.make_model(tmp_path / "dense", small=True)
+    out = tmp_path / "check.jsonl"
+    argv = ["--model", str(model), "--device", "cpu", "--seqs", "3", "--seq", "32", "--repeats", "1"]
+    assert attention_check.cli_main([*argv, "--out", str(out)]) == 0
+    row = json.loads(out.read_text())
+    assert row["ok"] and row["logits_rel_l2"] < 1e-2 and row["grad_rel_l2_global"] < 2e-2
+    assert row["sdpa_fwd_bwd_ms"] > 0 and row["varlen_fwd_bwd_ms"] > 0
