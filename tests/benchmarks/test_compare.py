@@ -24,6 +24,7 @@ SEEDS = {  # baseline file -> (records it was made from, model tag of their rows
         [f"docs/records/h100-levers-2026-12-05/bench/moe-{step}.jsonl" for step in ("torchao", "compiled")],
         None,
     ),
+    "h200-2026-12-05-dense-fast.json": (["docs/records/h200-dense-2026-12-05/bench/dense-fast.jsonl"], None),
 }
 OLD_MOE = compare.BASELINES / "h200-2026-12-01-moe-35b-a3b-6l.json"
 OLD_DENSE = compare.BASELINES / "h200-2026-12-01-dense-0p8b.json"
@@ -186,3 +187,20 @@ def test_the_compiled_bf16_step_against_torchaos_on_the_h100() -> None:
     assert {row["peak_alloc_gib"] for row in rows} == {67.77}
     h200 = compare.load_baselines(sorted(compare.BASELINES.glob("h200-*.json")))
     assert {line["verdict"] for line in compare.compare(rows, h200, 0.05, 0.01)} == {"no baseline"}
+
+
+def test_the_2026_12_05_dense_run_against_its_predecessor() -> None:
+    """The replayed H200 run of 2026-12-05 (3 repeats) against the 2026-12-04 baseline (one repeat, another
+    host): both rows slower beyond 5%, memory within 1%, which is what the run's compare reported."""
+    rows = compare.read_rows(ROOT / "docs/records/h200-dense-2026-12-05/bench/dense-fast.jsonl")
+    old = compare.load_baselines([compare.BASELINES / "h200-2026-12-04-dense-levers.json"])
+    found = {
+        (line["config"].split()[3], line["figure"]): line for line in compare.compare(rows, old, 0.05, 0.01)
+    }
+    assert {key: line["verdict"] for key, line in found.items()} == {
+        ("mode=plain", "tokens_per_s"): "regressed",
+        ("mode=plain", "peak_alloc_gib"): "within",
+        ("mode=verl-packed", "tokens_per_s"): "regressed",
+        ("mode=verl-packed", "peak_alloc_gib"): "within",
+    }
+    assert found[("mode=plain", "tokens_per_s")]["change"] == pytest.approx(-0.354, abs=1e-3)
