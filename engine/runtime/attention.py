@@ -89,11 +89,12 @@ def _flash_varlen(
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     longest = max(end - start for start, end in pairwise(host))
     kwargs: dict[str, Any] = {}
-    if "window_size" in params:  # torch >= 2.11: causal is a window, GQA and the scale are arguments
+    if "window_size" in params:  # torch 2.11: causal is a window (GQA an argument only in later ones)
         kwargs["window_size"] = (-1, 0)
-        kwargs["enable_gqa"] = k.shape[1] != q.shape[1]
     else:  # torch 2.10
         kwargs["is_causal"] = True
+    if "enable_gqa" in params:
+        kwargs["enable_gqa"] = k.shape[1] != q.shape[1]
     if "scale" in params:
         kwargs["scale"] = scaling
     elif scaling is not None and abs(scaling - q.shape[-1] ** -0.5) > 1e-12:

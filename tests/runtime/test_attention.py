@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,32 @@ def test_the_gpu_check_agrees_on_the_cpu(tmp_path: Path) -> None:
     row = json.loads(out.read_text())
     assert row["ok"] and row["logits_rel_l2"] < 1e-2 and row["grad_rel_l2_global"] < 2e-2
     assert row["sdpa_fwd_bwd_ms"] > 0 and row["varlen_fwd_bwd_ms"] > 0
+
+
+def _varlen_211(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                window_size=(-1, -1)):  # fmt: skip
+    """torch 2.11's `varlen_attn` signature (no `enable_gqa`), computed by SDPA per sequence."""
+    assert key.shape[1] == query.shape[1] and window_size == (-1, 0) and max_q == max_k
+    host = cu_seq_q.tolist()
+    assert max_q == max(b - a for a, b in pairwise(host))
+    parts = [
+        F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (query, key, value)), is_causal=True,
+                                       scale=scale).transpose(0, 1)
+        for a, b in pairwise(host)
+    ]  # fmt: skip
+    return torch.cat(parts)
+
+
+def test_the_flash_call_adapts_to_torch_2_11s_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel runs on a GPU only; its call is checked here against torch 2.11's signature, which has a
+    causal window but no GQA argument (the first GPU run failed on that): heads are repeated instead."""
+    import torch.nn.attention.varlen as varlen
+
+    monkeypatch.setattr(varlen, "varlen_attn", _varlen_211)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 18, 8, generator=gen)
+    k, v = torch.randn(1, 2, 18, 8, generator=gen), torch.randn(1, 2, 18, 8, generator=gen)
+    _, positions = packed_row(LENGTHS)
+    bounds, host = attention.sequence_bounds(positions)
+    got = attention._flash_varlen(q, k, v, bounds, host, 0.3)
+    torch.testing.assert_close(got, attention._per_sequence_sdpa(q, k, v, host, 0.3))
