@@ -135,7 +135,9 @@ def run_configuration(
     lines = args.out.read_text().splitlines() if args.out.exists() else []
     measured = [json.loads(line) for line in lines[before:]]
     if code != 0 or len(measured) < len(shapes):
-        tail = [ln for ln in log.read_text(errors="replace").splitlines() if "Error" in ln][-1:]
+        # the worker's own error, not torchrun's ChildFailedError that wraps it
+        lines = log.read_text(errors="replace").splitlines()
+        tail = [ln for ln in lines if "Error" in ln and "ChildFailedError" not in ln][-1:]
         batch, mbs, seq = shapes[len(measured)] if len(measured) < len(shapes) else shapes[-1]
         row = {"mode": mode, "kernels": kernels, "gpus": args.gpus, "batch": batch, "mbs": mbs}
         row |= {"seq": seq, "fill": args.fill, "logprobs": args.logprobs, "levers": lever, "repeat": repeat}

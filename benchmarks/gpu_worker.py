@@ -24,7 +24,7 @@ from benchmarks.gpu_bench import (
 )
 from benchmarks.host_syncs import HOST_READS, sync_sites
 from engine.env.pins import dist_version
-from engine.recipes.levers import attn_implementation, engine_config_kwargs
+from engine.recipes.levers import attn_implementation, engine_config_kwargs, text_only
 from engine.runtime import syncs
 from engine.runtime.kernels import select_kernels
 
@@ -76,7 +76,15 @@ def applied_settings(module: Any, optimizer: Any) -> dict[str, Any]:
         "reshard_after_forward": reshard,
         "grad_reduce_dtype": None if reduce is None else str(reduce).removeprefix("torch."),
         "attn_implementation": getattr(getattr(module, "config", None), "_attn_implementation", None),
+        "vision_tower_stepped": _vision_stepped(module, optimizer),
     }
+
+
+def _vision_stepped(module: Any, optimizer: Any) -> bool | None:
+    """Whether the optimizer holds state for the vision tower (verl's placeholder pass gives it zero
+    gradients; the text-only lever none); None for a model without one."""
+    tower = [p for name, p in module.named_parameters() if ".visual." in f".{name}"]
+    return any(p in optimizer.state for p in tower) if tower else None
 
 
 def _plain_step_fn(model_path: str, args: argparse.Namespace, device: Any) -> tuple[Any, int, Any]:
@@ -126,9 +134,13 @@ def build_verl_engine(
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
     from verl.workers.engine import EngineRegistry
 
-    from engine.runtime import attention
+    from engine.runtime import attention, vision
 
     attention.register()  # as engine.verl_ext does in every verl process of `engine run`
+    vision.install()
+    # read at every forward: this engine's steps run with its own setting (the numerics check builds
+    # engines with and without the lever, one after the other, in one process)
+    os.environ[vision.ENV] = "1" if text_only(levers) else "0"
     engine_levers, optimizer_levers = engine_config_kwargs(levers)
     engine_levers |= engine_overrides or {}
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -200,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
             "fast-bf16",
             "fast-bf16-reduce+no-sync",
             "varlen-attn",
+            "text-only",
             CONTROL,
         ],
         help=f"levers to compare with {REFERENCE} (always run, first); {CONTROL}: the control, must fail",

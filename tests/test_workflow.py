@@ -237,6 +237,26 @@ def test_bench_levers_runs_on_the_cpu_at_tiny_widths(tmp_path: Path) -> None:
     assert [(c["verdict"], c["regression"]) for c in compared] == [("no baseline", False)]
 
 
+def test_a_failed_group_keeps_the_stages_rows(tmp_path: Path) -> None:
+    """A group that fails (here varlen-attn on padded rows, which it refuses) fails the job; Snakemake
+    removes the job's output, and the rows of the groups that measured are kept beside the log with the
+    failed group's error row."""
+    work = workflow_copy(tmp_path)
+    both = "fill: 0.5, levers: 'fast-bf16,fast-bf16+varlen-attn',"  # padded rows: varlen-attn refuses
+    failing = TINY_BENCH.replace("levers: fast-bf16,", both)
+    (work / "tiny-bench.yaml").write_text(failing)
+    args = ["bench_levers", "--cores", "2", "--configfile", "tiny-bench.yaml"]
+    args += ["--config", "small_models=true", "bench_stages=[moe-padded]"]
+    proc = snakemake(work, *args, timeout=900)
+    assert proc.returncode != 0
+    assert not (work / "results/bench/moe-padded.jsonl").exists()
+    kept = work / "results/bench/logs/moe-padded.failed.jsonl"
+    rows = [json.loads(line) for line in kept.read_text().splitlines()]
+    got = [(r["levers"], "error" in r) for r in rows]
+    assert got == [("fast-bf16", False), ("fast-bf16+varlen-attn", True)]
+    assert rows[0]["tokens_per_s"] > 0 and "use_remove_padding=true" in rows[1]["error"], rows[1]
+
+
 def test_run_target_needs_a_recipe(scratch: Path) -> None:
     proc = snakemake(scratch, "-n", "run")
     assert proc.returncode != 0 and "error: the run target needs --config recipe=NAME" in proc.stderr

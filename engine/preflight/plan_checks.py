@@ -168,6 +168,13 @@ def _levers(plan: Plan) -> list[str]:
             "(its fsdp_plan has its own reduce_dtype); set actor.strategy=fsdp2 or actor.reduce_dtype=fp32"
         )
     problems += _varlen_attention(plan)
+    model, data = plan.recipe.model, plan.recipe.data
+    if model.text_only and data.image_key is not None:
+        problems.append(
+            f"model.text_only skips the vision tower, but data.image_key={data.image_key} says the data "
+            "has images (a rank with images would wait forever for the others in FSDP's gather); set "
+            "data.image_key=null for text-only data or model.text_only=false"
+        )
     if a.optim.precision != "bf16_sr":
         return problems
     if a.strategy == "fsdp_turbo":

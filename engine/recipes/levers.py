@@ -49,6 +49,10 @@ LEVERS: dict[str, tuple[dict[str, Any], str]] = {
         {"model.attn_implementation": "torch_varlen"},
         "attention per packed sequence with torch's varlen flash kernel, not SDPA under a block mask",
     ),
+    "text-only": (
+        {"model.text_only": True},
+        "text batches skip verl's placeholder pass through the vision tower (data without images)",
+    ),
     "fast": (
         {"actor.optim.implementation": "fused", "actor.reshard_after_forward": False},
         "fused + no-reshard: the exact-numerics bundle for one GPU",
@@ -149,6 +153,11 @@ def attn_implementation(names: list[str], default: str = "sdpa") -> str:
     """The attention the levers select for the model (`override_config.attn_implementation`), else
     `default` (the GPU recipes' sdpa): for driving verl's engine without a recipe."""
     return lever_fields(names).get("model.attn_implementation", default)
+
+
+def text_only(names: list[str]) -> bool:
+    """Whether the levers skip the vision tower's placeholder pass (`model.text_only`)."""
+    return bool(lever_fields(names).get("model.text_only", False))
 
 
 def engine_config_kwargs(names: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -22,6 +22,7 @@ from engine.recipes.hydra import Override
 from engine.recipes.levers import ADDED_FSDP_KEYS, fsdp_keys, optimizer_keys
 from engine.recipes.models import Family, ModelSpec, lookup
 from engine.recipes.schema import Recipe
+from engine.runtime import vision
 
 ARF = "actor_rollout_ref"
 ENTRYPOINT = ("-m", "verl.trainer.main_ppo")
@@ -328,6 +329,8 @@ def _environment(r: Recipe) -> dict[str, str]:
     if EXTERNAL_MODULE not in modules:
         modules.append(EXTERNAL_MODULE)
     env["VERL_USE_EXTERNAL_MODULES"] = ",".join(modules)
+    if r.model.text_only:  # read in every verl process by engine.runtime.vision
+        env[vision.ENV] = "1"
     return env
 
 

@@ -38,6 +38,11 @@ class Model(Section):
         "flash-attn is absent; torch_varlen: the project's per-sequence attention for packed rows (the "
         "varlen-attn lever)",
     )
+    text_only: bool = Field(
+        False,
+        description="the data has no images: text batches skip verl's placeholder pass through the vision "
+        "tower (ENGINE_TEXT_ONLY=1, the text-only lever); needs data.image_key: null",
+    )
     init: Literal["pretrained", "random"] = Field(
         "pretrained",
         description="pretrained: path holds released weights; random: the workflow writes a seeded "

@@ -30,6 +30,8 @@ driver and in every Ray worker that inherits the environment. Importing this mod
 10. names `torch_varlen` in transformers' attention registry (`engine.runtime.attention`): attention per
    packed sequence with torch's varlen flash kernel, which `model.attn_implementation` (the
    `varlen-attn` lever) selects instead of SDPA under a block mask.
+11. puts `engine.runtime.vision` in place of verl's Qwen3.5 input embedding: with `ENGINE_TEXT_ONLY=1`
+   (the `text-only` lever) a text batch skips verl's placeholder pass through the vision tower.
 
 Why (6) runs at import time: verl offers no hook in the driver between Hydra composing the config and
 Ray starting workers (`auto_set_device`/`validate_config` are plain functions, not registries). The
@@ -53,8 +55,8 @@ def install_vllm_cpu() -> bool:
 
 def install() -> None:
     """Everything above, in a verl process; exits 2 with one line on a missing fsdp_turbo or a bad
-    `ENGINE_TEST_BREAK` or `ENGINE_HOST_SYNCS`."""
-    from engine.runtime import attention, cpu_platform, mutations, rollout, syncs, turbo_check
+    `ENGINE_TEST_BREAK`, `ENGINE_HOST_SYNCS` or `ENGINE_TEXT_ONLY`."""
+    from engine.runtime import attention, cpu_platform, mutations, rollout, syncs, turbo_check, vision
     from engine.runtime.kernels import guard_packed_sequences, install_token_logprobs
 
     problem = turbo_check.check_turbo()
@@ -68,6 +70,7 @@ def install() -> None:
     attention.register()
     try:
         syncs.install_host_syncs()
+        vision.install()
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None

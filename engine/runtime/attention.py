@@ -12,7 +12,9 @@ causal attention within each sequence, nothing across them, no mask.
 
 `register()` (in every verl process, by `engine.runtime.install`) names it `torch_varlen` in
 transformers' attention registry; `model.attn_implementation: torch_varlen` (the `varlen-attn` lever)
-selects it. Transformers builds no mask for a name it does not know, so:
+selects it. It is also named in transformers' mask registry with flash-attention's mask (None where
+nothing is padded, else the 2-D padding mask): without that entry transformers passes no mask at all to
+an attention it does not know, and a padded batch would run as if nothing were padded. So:
 - a packed row (no mask, position ids) goes to `varlen_attn` on a GPU, and on a CPU (or a torch
   without `varlen_attn`) to causal SDPA per sequence: the same result, which the tests compare with
   transformers' masked SDPA; several full rows without a mask (verl's padded mode when nothing is
@@ -149,8 +151,11 @@ def varlen_attention_forward(
 
 
 def register() -> str:
-    """Name `torch_varlen` in transformers' attention registry (idempotent). Returns the name."""
+    """Name `torch_varlen` in transformers' attention and mask registries (idempotent). Returns the
+    name."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
     AttentionInterface.register(NAME, varlen_attention_forward)
+    AttentionMaskInterface.register(NAME, flash_attention_mask)  # the padding mask reaches the refusal
     return NAME

@@ -85,7 +85,7 @@ def test_levers_train_like_the_fp32_reference_and_the_control_does_not(tmp_path:
             "--steps",
             "20",
             "--levers",
-            "fast,no-sync,bf16-sr,bf16-sr-compiled,varlen-attn,bf16-rn",
+            "fast,no-sync,bf16-sr,bf16-sr-compiled,varlen-attn,text-only,bf16-rn",
         ]
     )
     verdicts = {r["lever"]: r for r in map(json.loads, out.read_text().splitlines()) if r.get("verdict")}
@@ -96,10 +96,11 @@ def test_levers_train_like_the_fp32_reference_and_the_control_does_not(tmp_path:
         "bf16-sr",
         "bf16-sr-compiled",
         "varlen-attn",
+        "text-only",
         "bf16-rn",
     ]
     assert all(v["steps"] == 20 and v["conclusive"] and v["drop_step"] == 16 for v in verdicts.values())
-    levers = ("fast", "no-sync", "bf16-sr", "bf16-sr-compiled", "varlen-attn")
+    levers = ("fast", "no-sync", "bf16-sr", "bf16-sr-compiled", "varlen-attn", "text-only")
     assert all(verdicts[lever]["within"] for lever in levers)
     assert not verdicts["bf16-rn"]["within"]
     assert verdicts["baseline"]["loss_last"] < verdicts["baseline"]["loss_first"]  # it trains
@@ -116,3 +117,6 @@ def test_levers_train_like_the_fp32_reference_and_the_control_does_not(tmp_path:
     assert applied["baseline"]["param_dtype"] == applied["baseline"]["state_dtype"] == "float32"
     assert applied["varlen-attn"]["attn_implementation"] == "torch_varlen"
     assert applied["baseline"]["attn_implementation"] == "sdpa"
+    assert applied["baseline"]["vision_tower_stepped"] and not applied["text-only"]["vision_tower_stepped"]
+    text_only = verdicts["text-only"]
+    assert text_only["tolerance"] == "exact" and text_only["max_rel_loss"] < 1e-4  # the norm's rounding

@@ -39,7 +39,9 @@ EXPECTED = {
         "actor_rollout_ref.actor.optim.override_optimizer_config": {"bf16_stochastic_round": True},
     },
     "varlen-attn": {"actor_rollout_ref.model.override_config.attn_implementation": "torch_varlen"},
+    "text-only": {},  # no verl key: the launch's environment (EXPECTED_ENV)
 }
+EXPECTED_ENV = {"text-only": {"ENGINE_TEXT_ONLY": "1"}}
 
 
 def parsed(compiled: plan.Plan) -> dict[str, object]:
@@ -53,12 +55,15 @@ def parsed(compiled: plan.Plan) -> dict[str, object]:
 )
 @pytest.mark.parametrize("lever", sorted(EXPECTED))
 def test_a_lever_renders_exactly_its_keys(recipe: str, device: str, lever: str) -> None:
-    """Nothing else moves: the diff against the recipe as shipped is the lever's keys."""
-    before = parsed(plan.compile_recipe(loader.load(recipe, device)))
-    after = parsed(plan.compile_recipe(loader.load(recipe, device, levers.lever_sets([lever]))))
+    """Nothing else moves: the diff against the recipe as shipped is the lever's keys and environment."""
+    shipped = plan.compile_recipe(loader.load(recipe, device))
+    opted = plan.compile_recipe(loader.load(recipe, device, levers.lever_sets([lever])))
+    before, after = parsed(shipped), parsed(opted)
     changed = {k: v for k, v in after.items() if before.get(k, "<absent>") != v}
     assert changed == EXPECTED[lever]
     assert set(before) <= set(after)
+    assert {k: v for k, v in opted.env.items() if shipped.env.get(k) != v} == EXPECTED_ENV.get(lever, {})
+    assert set(shipped.env) <= set(opted.env)
 
 
 def test_bundles_are_their_parts_and_later_wins() -> None:

@@ -105,6 +105,18 @@ def test_a_padded_batch_is_refused() -> None:
         attention.varlen_attention_forward(torch.nn.Module(), q, q, q, torch.ones(2, 6, dtype=torch.bool))
 
 
+def test_a_padded_batch_is_refused_through_the_model() -> None:
+    """transformers hands an attention it does not know no mask at all: the padding mask must reach the
+    refusal, or left-padded rows would attend their pads."""
+    model = tiny_qwen35(attention.NAME)
+    ids = torch.randint(0, 300, (2, 6), generator=torch.Generator().manual_seed(3))
+    padded = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    with pytest.raises(ValueError, match="use_remove_padding=true"):
+        model(input_ids=ids, attention_mask=padded, use_cache=False)
+    full = model(input_ids=ids, attention_mask=torch.ones_like(padded), use_cache=False).logits
+    torch.testing.assert_close(full, model(input_ids=ids, use_cache=False).logits)  # nothing padded: no mask
+
+
 ENGINE_STEP = """
 import json, sys
 from functools import partial

@@ -20,10 +20,15 @@ rule bench_trainer:
         accelerator_jobs=1,
     params:
         args=lambda wc: bench_args(wc.stage),
+        kept=failed_rows,
+        failed=keep_failed_rows,
         python=python(),
     shell:
+        # a group that fails (a crash, a timeout) fails the job: the rows of the groups that measured are
+        # kept beside the log with the failed group's error row
+        "rm -f {params.kept}; "
         "{params.python} -m benchmarks.gpu_bench run --model {input.model} {params.args} --out {output} "
-        "> {log} 2>&1"
+        "> {log} 2>&1 || {params.failed}"
 
 
 rule trainer_numerics:
@@ -40,14 +45,15 @@ rule trainer_numerics:
     params:
         seq=config["bench"]["numerics"]["seq"],
         lr=config["bench"]["numerics"]["lr"],
-        kept=BENCH / "logs" / "numerics.failed.jsonl",
+        levers=numerics_levers,
+        kept=failed_rows,
+        failed=keep_failed_rows,
         python=python(),
     shell:
-        # a lever out of its tolerance fails the job, and Snakemake removes a failed job's output: the
-        # rows that show why are kept beside the log
+        # a lever out of its tolerance fails the job: the rows that show why are kept beside the log
         "rm -f {params.kept}; "
         "{params.python} -m benchmarks.trainer_numerics --model {input.model} --seq {params.seq} "
-        "--lr {params.lr} --out {output} > {log} 2>&1 || {{ cp {output} {params.kept} 2>/dev/null; exit 1; }}"
+        "--lr {params.lr} {params.levers}--out {output} > {log} 2>&1 || {params.failed}"
 
 
 # torch_varlen (the varlen-attn lever) against transformers' masked SDPA: a difference beyond the

@@ -215,8 +215,28 @@ def keep_failed_record(wildcards, output):
     """Shell that copies a failed launch's run.json (its gates, exit code) aside before Snakemake removes
     the failed job's declared output: the record of a failure is the one most worth reading.
     """
-    kept = Path(output[0]).with_name(engine_rundir.FAILED_RECORD)
-    return f"{{ status=$?; cp {output[0]} {kept} 2>/dev/null; exit $status; }}"
+    return copied_aside(
+        output[0], Path(output[0]).with_name(engine_rundir.FAILED_RECORD)
+    )
+
+
+def copied_aside(output, kept):
+    """Shell, after `||`: copy a failed job's output to `kept` and keep the job's exit status."""
+    return f"{{ status=$?; cp {output} {kept} 2>/dev/null; exit $status; }}"
+
+
+def failed_rows(wildcards, output):
+    """Where a failed benchmark's rows are kept, beside its log: Snakemake removes a failed job's
+    declared output, and a benchmark fails exactly when its rows are worth reading (a lever out of
+    tolerance; a group that crashed, beside the groups that measured).
+    """
+    out = Path(output[0])
+    return out.parent / "logs" / f"{out.stem}.failed.jsonl"
+
+
+def keep_failed_rows(wildcards, output):
+    """Shell that copies a failed benchmark's rows to `failed_rows` and keeps its exit status."""
+    return copied_aside(output[0], failed_rows(wildcards, output))
 
 
 def run_resources(name):
@@ -299,7 +319,15 @@ def bench_args(stage):
         options["profile"] = BENCH / "profile" / stage
     if spec.get("host_syncs"):
         options["host-syncs"] = spec["host_syncs"]
+    if "fill" in spec:
+        options["fill"] = spec["fill"]
     return shlex.join(str(a) for k, v in options.items() for a in (f"--{k}", v))
+
+
+def numerics_levers(wildcards):
+    """`--levers LIST ` where bench.numerics names some, else nothing: trainer_numerics' own list."""
+    levers = config["bench"]["numerics"].get("levers")
+    return f"--levers {shlex.quote(levers)} " if levers else ""
 
 
 BENCH_OUTPUTS = {
