@@ -20,6 +20,9 @@ TORCHAO_IMPL, TORCHAO_ADAMW = "torchao.optim", "_AdamW"
 # the same update traced once over all tensors of a group (engine.runtime.optim): not host-bound
 COMPILED_IMPL, COMPILED_ADAMW = "engine.runtime.optim", "BF16AdamW"
 
+# the text-only lever's switch in the launch's environment, read in verl's processes (engine.runtime.vision)
+TEXT_ONLY_ENV = "ENGINE_TEXT_ONLY"
+
 # name -> (recipe --set assignments, what it is for). Later names win where two set the same field.
 LEVERS: dict[str, tuple[dict[str, Any], str]] = {
     "baseline": ({}, "verl's trainer defaults: fp32 master weights, torch's AdamW kernels, reshard, sync"),

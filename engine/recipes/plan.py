@@ -19,10 +19,9 @@ from typing import Any
 
 from engine.errors import UserError
 from engine.recipes.hydra import Override
-from engine.recipes.levers import ADDED_FSDP_KEYS, fsdp_keys, optimizer_keys
+from engine.recipes.levers import ADDED_FSDP_KEYS, TEXT_ONLY_ENV, fsdp_keys, optimizer_keys
 from engine.recipes.models import Family, ModelSpec, lookup
 from engine.recipes.schema import Recipe
-from engine.runtime import vision
 
 ARF = "actor_rollout_ref"
 ENTRYPOINT = ("-m", "verl.trainer.main_ppo")
@@ -330,7 +329,7 @@ def _environment(r: Recipe) -> dict[str, str]:
         modules.append(EXTERNAL_MODULE)
     env["VERL_USE_EXTERNAL_MODULES"] = ",".join(modules)
     if r.model.text_only:  # read in every verl process by engine.runtime.vision
-        env[vision.ENV] = "1"
+        env[TEXT_ONLY_ENV] = "1"
     return env
 
 

@@ -27,9 +27,9 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from engine.recipes.levers import TEXT_ONLY_ENV as ENV
 from engine.runtime.kernels import when_imported
 
-ENV = "ENGINE_TEXT_ONLY"
 QWEN3_5 = "verl.models.transformers.qwen3_5"
 NAME = "_get_input_embeds"
 VERL_FUNCTION: dict[str, Any] = {}  # verl's own, once replaced

@@ -25,6 +25,10 @@ SEEDS = {  # baseline file -> (records it was made from, model tag of their rows
         None,
     ),
     "h200-2026-12-05-dense-fast.json": (["docs/records/h200-dense-2026-12-05/bench/dense-fast.jsonl"], None),
+    "h100-2026-12-06-dense-text-only.json": (
+        ["docs/records/h100-dense-text-only-2026-12-06/bench/dense-varlen.jsonl"],
+        None,
+    ),
 }
 OLD_MOE = compare.BASELINES / "h200-2026-12-01-moe-35b-a3b-6l.json"
 OLD_DENSE = compare.BASELINES / "h200-2026-12-01-dense-0p8b.json"
