@@ -167,7 +167,7 @@ def test_bench_levers_runs_every_configured_stage_and_compares_it(scratch: Path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     counts = job_counts(proc.stdout)
     assert (
-        counts["bench_trainer"] == 4 and counts["compare_baseline"] == 4 and counts["trainer_numerics"] == 1
+        counts["bench_trainer"] == 5 and counts["compare_baseline"] == 5 and counts["trainer_numerics"] == 1
     )
     assert counts["random_model"] == 2 and counts["attention_check"] == 1
     check = next(line for line in proc.stdout.splitlines() if "benchmarks.attention_check" in line)
