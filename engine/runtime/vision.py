@@ -23,7 +23,6 @@ variable at each call, so one process can build engines with and without the lev
 from __future__ import annotations
 
 import os
-import sys
 from types import ModuleType
 from typing import Any
 
@@ -81,13 +80,3 @@ def install() -> None:
     the function up at each call."""
     enabled()  # a bad value fails at start, not at the first forward
     when_imported(QWEN3_5, _replace)
-
-
-def installed() -> bool:
-    module = sys.modules.get(QWEN3_5)
-    return module is not None and vars(module).get(NAME) is get_input_embeds
-
-
-def applied() -> bool:
-    """What a forward in this process does now: the replacement in place and the lever on."""
-    return installed() and enabled()
