@@ -24,7 +24,13 @@ from benchmarks.gpu_bench import (
 )
 from benchmarks.host_syncs import HOST_READS, sync_sites
 from engine.env.pins import dist_version
-from engine.recipes.levers import attn_implementation, engine_config_kwargs, text_only
+from engine.recipes.levers import (
+    LOGPROBS_ENV,
+    attn_implementation,
+    engine_config_kwargs,
+    logprobs_kernel,
+    text_only,
+)
 from engine.runtime import syncs
 from engine.runtime.kernels import select_kernels
 
@@ -141,6 +147,7 @@ def build_verl_engine(
     # read at every forward: this engine's steps run with its own setting (the numerics check builds
     # engines with and without the lever, one after the other, in one process)
     os.environ[vision.ENV] = "1" if text_only(levers) else "0"
+    os.environ[LOGPROBS_ENV] = logprobs_kernel(levers)
     engine_levers, optimizer_levers = engine_config_kwargs(levers)
     engine_levers |= engine_overrides or {}
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -46,7 +46,8 @@ TOLERANCE = {
 
 def tolerance_class(lever: str) -> str:
     """A lever that changes the optimizer's or the attention's kernel, keeps bf16 master weights, sums
-    gradients in bf16 (bf16-reduce: across devices and deferred micro-batches) or sums the grad norm over
+    gradients in bf16 (bf16-reduce: across devices and deferred micro-batches), fuses the log-prob passes
+    (compiled-logprobs: another summation order) or sums the grad norm over
     other tensors (text-only: without the vision tower's zeros, another order; on one H100 out of `exact`
     after 24 steps, 2026-12-06) is held to `rounding`; one that only reschedules the same operations to
     `exact`."""
@@ -57,6 +58,7 @@ def tolerance_class(lever: str) -> str:
         or fields.get("actor.optim.implementation") == "fused"
         or fields.get("model.attn_implementation") == "torch_varlen"
         or fields.get("model.text_only", False)
+        or fields.get("actor.logprobs_kernel") == "compiled"
     )
     return "rounding" if lever == CONTROL or rounds else "exact"
 
@@ -204,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
             "fast-bf16-reduce+no-sync",
             "varlen-attn",
             "text-only",
+            "compiled-logprobs",
             CONTROL,
         ],
         help=f"levers to compare with {REFERENCE} (always run, first); {CONTROL}: the control, must fail",

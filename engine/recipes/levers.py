@@ -22,6 +22,8 @@ COMPILED_IMPL, COMPILED_ADAMW = "engine.runtime.optim", "BF16AdamW"
 
 # the text-only lever's switch in the launch's environment, read in verl's processes (engine.runtime.vision)
 TEXT_ONLY_ENV = "ENGINE_TEXT_ONLY"
+# the compiled-logprobs lever's switch, read where token log-probs are computed (engine.runtime.kernels)
+LOGPROBS_ENV = "ENGINE_LOGPROBS"
 
 # name -> (recipe --set assignments, what it is for). Later names win where two set the same field.
 LEVERS: dict[str, tuple[dict[str, Any], str]] = {
@@ -55,6 +57,10 @@ LEVERS: dict[str, tuple[dict[str, Any], str]] = {
     "text-only": (
         {"model.text_only": True},
         "text batches skip verl's placeholder pass through the vision tower (data without images)",
+    ),
+    "compiled-logprobs": (
+        {"actor.logprobs_kernel": "compiled"},
+        "token log-probs in two compiled kernels per chunk of rows, not separate fp32 passes per step",
     ),
     "fast": (
         {"actor.optim.implementation": "fused", "actor.reshard_after_forward": False},
@@ -161,6 +167,11 @@ def attn_implementation(names: list[str], default: str = "sdpa") -> str:
 def text_only(names: list[str]) -> bool:
     """Whether the levers skip the vision tower's placeholder pass (`model.text_only`)."""
     return bool(lever_fields(names).get("model.text_only", False))
+
+
+def logprobs_kernel(names: list[str]) -> str:
+    """How the levers have token log-probs computed (`actor.logprobs_kernel`): chunked or compiled."""
+    return str(lever_fields(names).get("actor.logprobs_kernel", "chunked"))
 
 
 def engine_config_kwargs(names: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.errors import UserError
 from engine.recipes.hydra import Override
-from engine.recipes.levers import ADDED_FSDP_KEYS, TEXT_ONLY_ENV, fsdp_keys, optimizer_keys
+from engine.recipes.levers import ADDED_FSDP_KEYS, LOGPROBS_ENV, TEXT_ONLY_ENV, fsdp_keys, optimizer_keys
 from engine.recipes.models import Family, ModelSpec, lookup
 from engine.recipes.schema import Recipe
 
@@ -330,6 +330,8 @@ def _environment(r: Recipe) -> dict[str, str]:
     env["VERL_USE_EXTERNAL_MODULES"] = ",".join(modules)
     if r.model.text_only:  # read in every verl process by engine.runtime.vision
         env[TEXT_ONLY_ENV] = "1"
+    if r.actor.logprobs_kernel != "chunked":  # read where engine.runtime.kernels computes log-probs
+        env[LOGPROBS_ENV] = r.actor.logprobs_kernel
     return env
 
 

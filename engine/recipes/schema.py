@@ -129,6 +129,12 @@ class Actor(Section):
     entropy_from_logits_with_chunking: bool = Field(
         True, description="compute entropy over chunks of the vocabulary (less peak memory)"
     )
+    logprobs_kernel: Literal["chunked", "compiled"] = Field(
+        "chunked",
+        description="the project's token log-probs where verl has no fused cross-entropy (no flash-attn): "
+        "chunked eager fp32 passes, or compiled (two fused kernels per chunk; ENGINE_LOGPROBS=compiled, "
+        "the compiled-logprobs lever, which reaches the ref and the log-prob recomputation too)",
+    )
     use_torch_compile: bool = Field(False, description="torch.compile the actor model")
     reshard_after_forward: bool = Field(
         True, description="FSDP frees gathered parameters after forward (less memory, more communication)"

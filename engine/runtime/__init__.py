@@ -9,7 +9,8 @@ driver and in every Ray worker that inherits the environment. Importing this mod
 2. registers the `hf` rollout: its replica in `RolloutReplicaRegistry` and its worker adapter in the
    `(name, mode)` rollout registry, both loaded lazily (see `engine.runtime.hf_rollout`);
 3. replaces verl's row-by-row log-prob fallback (used when flash-attn's cross-entropy is absent, as in
-   the project's GPU image) with the chunked `engine.runtime.kernels.token_logprobs`;
+   the project's GPU image) with the chunked `engine.runtime.kernels.token_logprobs` (compiled per
+   chunk with `ENGINE_LOGPROBS=compiled`, the `compiled-logprobs` lever);
 4. when the platform is `cpu`, applies the one runtime fix: verl builds the process-group backend as
    `cpu:gloo,{device}:{ccl}`, which on CPU is `cpu:gloo,cpu:gloo` ("Duplicate device type cpu"); the
    default of `initialize_global_process_group_ray(backend=None)` is set to plain `gloo`, so every
@@ -55,9 +56,9 @@ def install_vllm_cpu() -> bool:
 
 def install() -> None:
     """Everything above, in a verl process; exits 2 with one line on a missing fsdp_turbo or a bad
-    `ENGINE_TEST_BREAK`, `ENGINE_HOST_SYNCS` or `ENGINE_TEXT_ONLY`."""
+    `ENGINE_TEST_BREAK`, `ENGINE_HOST_SYNCS`, `ENGINE_TEXT_ONLY` or `ENGINE_LOGPROBS`."""
     from engine.runtime import attention, cpu_platform, mutations, rollout, syncs, turbo_check, vision
-    from engine.runtime.kernels import guard_packed_sequences, install_token_logprobs
+    from engine.runtime.kernels import guard_packed_sequences, install_token_logprobs, logprobs_kernel
 
     problem = turbo_check.check_turbo()
     if problem:
@@ -71,6 +72,7 @@ def install() -> None:
     try:
         syncs.install_host_syncs()
         vision.install()
+        logprobs_kernel()  # a bad ENGINE_LOGPROBS fails at start, not at the first step
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None

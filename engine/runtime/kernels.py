@@ -20,6 +20,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from engine.recipes.levers import LOGPROBS_ENV
+
 
 def fla_conv1d_fn(
     x: Any, weight: Any, bias: Any = None, activation: Any = None, seq_idx: Any = None, **_: Any
@@ -258,6 +260,39 @@ def _chunk_rows(vocab: int) -> int:
     return max(1, CHUNK_BYTES // (4 * vocab))
 
 
+def logprobs_kernel() -> str:
+    """`chunked` (eager ops per chunk, the default) or `compiled` (`ENGINE_LOGPROBS=compiled`, the
+    compiled-logprobs lever); another value is an error."""
+    value = os.environ.get(LOGPROBS_ENV, "").strip() or "chunked"
+    if value not in ("chunked", "compiled"):
+        raise ValueError(f"{LOGPROBS_ENV}={value!r}: choose chunked or compiled, or unset it")
+    return value
+
+
+@functools.cache
+def _compiled_chunk_steps() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The forward and backward of one chunk of rows, each traced into fused kernels: the eager chunk
+    makes an fp32 copy of the logits and then separate passes for the maximum, the shift, the
+    exponential, the sum and (backward) the gradient, each reading or writing fp32 rows of the whole
+    vocabulary; on one H100 (0.8B, 8,192 tokens) the shift, exponential, product and maximum alone took
+    34 ms of a 217 ms step's device time, against 22 ms for plain FSDP2's whole log-softmax.
+    Symbolic row counts: one graph for every chunk."""
+    import torch
+
+    def forward(rows: Any, labels: Any) -> tuple[Any, Any]:
+        x = rows.float()
+        lse = torch.logsumexp(x, dim=-1)
+        return x.gather(1, labels).squeeze(1) - lse, lse
+
+    def backward(rows: Any, labels: Any, lse: Any, grad: Any) -> Any:
+        probs = torch.exp(rows.float() - lse[:, None])
+        hit = torch.arange(rows.shape[1], device=rows.device)[None, :] == labels
+        return (grad * (hit.float() - probs)).to(rows.dtype)  # g * (onehot - softmax)
+
+    compile_ = functools.partial(torch.compile, dynamic=True, fullgraph=True)
+    return compile_(forward), compile_(backward)
+
+
 def _token_logprobs_function() -> type:
     import torch
 
@@ -274,12 +309,20 @@ def _token_logprobs_function() -> type:
             flat, flat_labels = logits.reshape(-1, vocab), labels.reshape(-1, 1)
             lse = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
             step = _chunk_rows(vocab)
-            for start in range(0, flat.shape[0], step):
-                stop = start + step
-                lse[start:stop] = torch.logsumexp(flat[start:stop].float(), dim=-1)
-            picked = flat.gather(1, flat_labels).squeeze(1).float()
+            ctx.compiled = logprobs_kernel() == "compiled"
+            if ctx.compiled:
+                out = torch.empty_like(lse)
+                fused = _compiled_chunk_steps()[0]
+                for start in range(0, flat.shape[0], step):
+                    rows = slice(start, start + step)
+                    out[rows], lse[rows] = fused(flat[rows], flat_labels[rows])
+            else:
+                for start in range(0, flat.shape[0], step):
+                    stop = start + step
+                    lse[start:stop] = torch.logsumexp(flat[start:stop].float(), dim=-1)
+                out = flat.gather(1, flat_labels).squeeze(1).float() - lse
             ctx.save_for_backward(logits, labels, lse)
-            return (picked - lse).view(labels.shape)
+            return out.view(labels.shape)
 
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
@@ -289,9 +332,13 @@ def _token_logprobs_function() -> type:
             flat_grad = grad.reshape(-1, 1).float()
             out = torch.empty_like(flat)
             step = _chunk_rows(vocab)
+            fused = _compiled_chunk_steps()[1] if ctx.compiled else None
             for start in range(0, flat.shape[0], step):
                 stop = start + step
                 g = flat_grad[start:stop]
+                if fused is not None:
+                    out[start:stop] = fused(flat[start:stop], flat_labels[start:stop], lse[start:stop], g)
+                    continue
                 probs = (flat[start:stop].float() - lse[start:stop, None]).exp_()
                 probs.mul_(-g).scatter_add_(1, flat_labels[start:stop], g)  # g * (onehot - softmax)
                 out[start:stop] = probs

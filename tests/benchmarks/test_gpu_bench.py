@@ -73,12 +73,17 @@ def test_markdown_table_rows_and_failures() -> None:
     assert "failed: timeout after 90 s" in table
 
 
+@pytest.mark.parametrize("kernel", ["chunked", "compiled"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_token_logprobs_equal_log_softmax_in_value_and_gradient(
-    dtype: str, monkeypatch: pytest.MonkeyPatch
+    dtype: str, kernel: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Both kernels (the compiled one: the compiled-logprobs lever, Inductor's C++ on the CPU)."""
     import torch
 
+    from engine.recipes.levers import LOGPROBS_ENV
+
+    monkeypatch.setenv(LOGPROBS_ENV, kernel)
     vocab = 3000
     monkeypatch.setattr(kernels, "CHUNK_BYTES", 4 * vocab * 7)  # 7 rows per chunk: several + a ragged end
     generator = torch.Generator().manual_seed(0)

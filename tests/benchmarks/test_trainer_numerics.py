@@ -51,6 +51,8 @@ def test_the_tolerances_pass_every_lever_and_fail_the_control_of_the_gpu_run() -
         if numerics.tolerance_class(lever) == "exact":
             assert measured == {"loss": 0.0, "drop": 0.0, "grad_norm": 0.0}, lever
     assert numerics.tolerance_class("fused") == numerics.tolerance_class("bf16-sr") == "rounding"
+    for lever in ("compiled-logprobs", "text-only", "varlen-attn"):
+        assert numerics.tolerance_class(lever) == "rounding", lever
 
 
 H100_RUN = GPU_RUN.parents[2] / "h100-dense-text-only-2026-12-06/bench/numerics.jsonl"

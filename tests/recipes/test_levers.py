@@ -40,8 +40,9 @@ EXPECTED = {
     },
     "varlen-attn": {"actor_rollout_ref.model.override_config.attn_implementation": "torch_varlen"},
     "text-only": {},  # no verl key: the launch's environment (EXPECTED_ENV)
+    "compiled-logprobs": {},
 }
-EXPECTED_ENV = {"text-only": {"ENGINE_TEXT_ONLY": "1"}}
+EXPECTED_ENV = {"text-only": {"ENGINE_TEXT_ONLY": "1"}, "compiled-logprobs": {"ENGINE_LOGPROBS": "compiled"}}
 
 
 def parsed(compiled: plan.Plan) -> dict[str, object]:
