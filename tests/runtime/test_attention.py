@@ -4,8 +4,6 @@ does, reads the boundaries once per forward, and is what verl's engine runs when
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from itertools import pairwise
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.runtime import attention
+from tests.support import verl_step
 
 LENGTHS = [5, 9, 1, 3]  # ragged, one a single token
 
@@ -119,15 +118,9 @@ def test_a_padded_batch_is_refused_through_the_model() -> None:
 
 ENGINE_STEP = """
 import json, sys
-from functools import partial
-import torch, torch.distributed as dist
-from engine.runtime.kernels import select_kernels
-select_kernels("torch")
-dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
-from verl.utils import tensordict_utils as tu
-from verl.workers.config import ActorConfig
-from verl.workers.utils.losses import ppo_loss
-from benchmarks.gpu_worker import _batch, _response_mask, build_verl_engine, verl_batch
+from tests.support.verl_step import ppo_step, start
+start()
+from benchmarks.gpu_worker import build_verl_engine
 from engine.runtime import attention
 calls = []
 bounds = attention.sequence_bounds
@@ -136,14 +129,7 @@ results = {}
 for levers in (["fast"], ["fast", "varlen-attn"]):
     calls.clear()
     engine, config = build_verl_engine(sys.argv[1], True, 2, 32, False, levers)
-    vocab = config.hf_config.get_text_config().vocab_size
-    ids, mask = _batch(vocab, 4, 32, "cpu", 7), _response_mask(0.3, 4, 32, 16, 7)
-    advantages = torch.randn(4, 16, generator=torch.Generator().manual_seed(7))
-    td = verl_batch(ids, mask, advantages, 1, 2, True)
-    td["old_log_probs"] = torch.full_like(td["old_log_probs"], -7.0)
-    actor = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=2)
-    with engine.train_mode():
-        out = engine.train_batch(td, loss_function=partial(ppo_loss, config=actor))
+    out = ppo_step(engine, config)
     weights = sum(p.detach().double().abs().sum() for p in engine.module.parameters())
     results["+".join(levers)] = {
         "attn": config.hf_config._attn_implementation, "calls": len(calls), "loss": out["loss"],
@@ -160,18 +146,7 @@ def test_verls_packed_step_runs_it_and_trains_alike(tmp_path: Path) -> None:
     the lever the model is built with `torch_varlen`, every attention layer's forward comes through it,
     and loss, grad norm and updated weights match the sdpa step from the same weights to bf16 precision
     (the fp32 equality is the first test's)."""
-    from benchmarks.gpu_bench import worker_env
-    from engine.data import random_model
-    from tests.conftest import ROOT
-
-    model = random_model.make_model(tmp_path / "dense", small=True)
-    env = worker_env() | {"PYTHONPATH": str(ROOT), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", ENGINE_STEP, str(model), str(tmp_path / "pg")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.splitlines()[-1])
+    results = verl_step.run_script(ENGINE_STEP, tmp_path)
     sdpa, varlen = results["fast"], results["fast+varlen-attn"]
     assert (sdpa["attn"], sdpa["calls"]) == ("sdpa", 0)
     assert varlen["attn"] == attention.NAME and varlen["calls"] > 0

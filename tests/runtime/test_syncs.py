@@ -21,6 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.host_syncs import HOST_READS
 from engine.runtime import syncs
+from tests.support import verl_step
 
 PROMPTS, RESPONSES = [3, 1, 5, 2, 7], [4, 0, 6, 1, 9]  # ragged; one empty response
 
@@ -187,15 +188,9 @@ def test_the_switch_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
 
 STEP = """
 import json, sys
-from functools import partial
-import torch, torch.distributed as dist
-from engine.runtime.kernels import select_kernels
-select_kernels("torch")
-dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
-from verl.utils import tensordict_utils as tu
-from verl.workers.config import ActorConfig
-from verl.workers.utils.losses import ppo_loss
-from benchmarks.gpu_worker import _batch, _response_mask, build_verl_engine, verl_batch
+from tests.support.verl_step import ppo_step, start
+start()
+from benchmarks.gpu_worker import build_verl_engine
 from engine.runtime import syncs
 results = {}
 for host_syncs in ("verl", "lean"):
@@ -206,15 +201,7 @@ for host_syncs in ("verl", "lean"):
     engine, config = build_verl_engine(sys.argv[1], True, 2, 32, False, ["fast"])
     gdn = next(type(m) for m in engine.module.modules() if type(m).__name__ == "Qwen3_5GatedDeltaNet")
     assert (gdn.forward is syncs.qwen3_5_gated_delta_net_forward) == (host_syncs == "lean")
-    vocab = config.hf_config.get_text_config().vocab_size
-    ids, mask = _batch(vocab, 4, 32, "cpu", 7), _response_mask(0.3, 4, 32, 16, 7)
-    advantages = torch.randn(4, 16, generator=torch.Generator().manual_seed(7))
-    td = verl_batch(ids, mask, advantages, 1, 2, True)
-    tu.assign_non_tensor(td, calculate_entropy=True)  # ppo_loss pads the entropy too
-    td["old_log_probs"] = torch.full_like(td["old_log_probs"], -7.0)  # near the model's: few clipped
-    actor = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=2, entropy_coeff=0.01)
-    with engine.train_mode():
-        out = engine.train_batch(td, loss_function=partial(ppo_loss, config=actor))
+    out = ppo_step(engine, config, entropy_coeff=0.01)  # entropy on: ppo_loss pads it too
     metrics = {k: getattr(v, "values", v) for k, v in out["metrics"].items()}
     weights = sum(p.detach().double().abs().sum() for p in engine.module.parameters())
     results[host_syncs] = {"loss": out["loss"], "metrics": metrics, "weights": float(weights)}
@@ -228,19 +215,7 @@ def test_verls_packed_step_is_the_same_with_the_replacements(tmp_path: Path) -> 
     on): one packed train_batch with verl's functions, then one from the same weights with the
     replacements (the gated-delta-net layers' forward included: verl packs with cu_seqlens and its
     host copy there). Losses, metrics, grad norm and the updated weights are bitwise equal."""
-    from benchmarks.gpu_bench import worker_env
-    from engine.data import random_model
-    from tests.conftest import ROOT
-
-    model = random_model.make_model(tmp_path / "dense", small=True)
-    env = worker_env() | {"PYTHONPATH": str(ROOT), syncs.ENV: "verl"}
-    env |= {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", STEP, str(model), str(tmp_path / "pg")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.splitlines()[-1])
+    results = verl_step.run_script(STEP, tmp_path, env={syncs.ENV: "verl"})
     assert results["lean"] == results["verl"]
     assert results["verl"]["metrics"]["grad_norm"] > 0
     assert len(results["verl"]["loss"]) == 2 and "actor/entropy_loss" in results["verl"]["metrics"]

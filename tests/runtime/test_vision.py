@@ -4,25 +4,20 @@ placeholder pass trains the language model exactly as verl does, and refuses ima
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from engine.runtime import vision
+from tests.support import verl_step
 
 ENGINE_STEP = """
-import json, sys
-from functools import partial
-import torch, torch.distributed as dist
-from engine.runtime.kernels import select_kernels
-select_kernels("torch")
-dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
-from verl.workers.config import ActorConfig
-from verl.workers.utils.losses import ppo_loss
-from benchmarks.gpu_worker import _batch, _response_mask, applied_settings, build_verl_engine, verl_batch
+import json
+from tests.support.verl_step import ppo_step, start
+start()
+from benchmarks.gpu_worker import applied_settings, build_verl_engine
+import sys
 results = {}
 for levers in (["fast"], ["fast", "text-only"]):
     # lr 1e-2: AdamW's weight decay on the tower's zero gradients shows in fp32 weights
@@ -30,14 +25,7 @@ for levers in (["fast"], ["fast", "text-only"]):
     tower = next(m for name, m in engine.module.named_modules() if name.endswith("visual"))
     calls = []
     tower.register_forward_hook(lambda *_: calls.append(1))
-    vocab = config.hf_config.get_text_config().vocab_size
-    ids, mask = _batch(vocab, 4, 32, "cpu", 7), _response_mask(0.3, 4, 32, 16, 7)
-    advantages = torch.randn(4, 16, generator=torch.Generator().manual_seed(7))
-    td = verl_batch(ids, mask, advantages, 1, 2, True)
-    td["old_log_probs"] = torch.full_like(td["old_log_probs"], -7.0)
-    actor = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=2)
-    with engine.train_mode():
-        out = engine.train_batch(td, loss_function=partial(ppo_loss, config=actor))
+    out = ppo_step(engine, config)
     named = list(engine.module.named_parameters())
     total = lambda keep: float(sum(p.detach().double().abs().sum() for n, p in named if keep(n)))
     results["+".join(levers)] = {
@@ -58,18 +46,7 @@ def test_verls_step_without_the_placeholder_pass_trains_the_language_model_alike
     never called, the optimizer keeps no state for it, the loss is verl's bit for bit, and grad norm and
     the language model's updated weights are verl's to fp32 rounding. The tower keeps its weights where
     verl's weight decay shrinks them."""
-    from benchmarks.gpu_bench import worker_env
-    from engine.data import random_model
-    from tests.conftest import ROOT
-
-    model = random_model.make_model(tmp_path / "dense", small=True)
-    env = worker_env() | {"PYTHONPATH": str(ROOT), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", ENGINE_STEP, str(model), str(tmp_path / "pg")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.splitlines()[-1])
+    results = verl_step.run_script(ENGINE_STEP, tmp_path)
     print(json.dumps(results))
     verl, lean = results["fast"], results["fast+text-only"]
     assert verl["tower_calls"] == 2 and verl["stepped"] is True  # once per micro-batch, zero gradients
