@@ -48,6 +48,10 @@ DEFERRED_GRAD_BYTES = {"fp32": 4, "bf16": 2}
 # the full gradients count at the optimizer step alone. Measured 2026-12-04 (35B-A3B at 6 layers, one
 # H200): at 4/4/2048 fused peaks at 94.6 GiB where 4/2 and 8/4 (two micro-batches) peak at 104-114.
 GRAD_BYTES = {"fp32": 4, "bf16_sr": 2}
+# The weights alone. With model.text_only the vision tower is never run: it keeps its weights but gets no
+# gradients, so AdamW never allocates its moments (measured 2026-12-06, the 0.8B on one H100: 0.92 GiB less
+# peak, its 100.6 M tower parameters at 8-12 B each).
+WEIGHT_BYTES = {"fp32": 4, "bf16_sr": 2}
 
 
 def layer_activation_bytes(plan: Plan, tokens: float) -> float:
@@ -68,7 +72,8 @@ def memory_estimate(plan: Plan) -> dict[str, float]:
     actor.optim.precision=bf16_sr), sharded over the FSDP group (experts over the EP group); on the host
     when offloaded. The training peak is the larger of backward (states + activations + logits, less
     the gradients with one micro-batch per step, + the gathered model without reshard_after_forward, +
-    unsharded gradients beyond the sharded ones with defer_gradient_sync) and
+    unsharded gradients beyond the sharded ones with defer_gradient_sync; with model.text_only the
+    vision tower holds its weights alone) and
     the optimizer step (states + AdamW's temporaries,
     none when fused). Rollout: vLLM takes `gpu_memory_utilization` of the device while the resident
     training states (weights and moments, no gradients) stay.
@@ -81,7 +86,10 @@ def memory_estimate(plan: Plan) -> dict[str, float]:
     offloaded = a.offload_policy if a.strategy == "fsdp_turbo" else a.param_offload and a.optimizer_offload
     layer_bf16 = 2 * 2 * m.total_params / max(m.num_layers, 1)  # one unsharded layer, prefetched twice
     optim = a.optim
-    states = layer_bf16 if offloaded else STATE_BYTES[optim.precision] * per_device_params
+    frozen = m.vision_params / p.fsdp if r.model.text_only else 0.0  # weights without grads or moments
+    trained = per_device_params - frozen
+    weights = WEIGHT_BYTES[optim.precision]
+    states = layer_bf16 if offloaded else STATE_BYTES[optim.precision] * trained + weights * frozen
     # FSDP/FSDP2 only: fsdp_turbo's reshard is its own (not modelled)
     held = 0.0  # unsharded parameters or gradients kept through backward
     unsharded = dense + expert / max(p.ep, 1)
@@ -91,7 +99,7 @@ def memory_estimate(plan: Plan) -> dict[str, float]:
         a.ppo_mini_batch_size * r.rollout.n / plan.data_parallel_size / a.ppo_micro_batch_size_per_device
     )
     accumulates = micro_batches > 1 or a.use_dynamic_bsz
-    grads = 0.0 if offloaded else GRAD_BYTES[optim.precision] * per_device_params
+    grads = 0.0 if offloaded else GRAD_BYTES[optim.precision] * trained
     if a.defer_gradient_sync and a.strategy != "fsdp_turbo" and accumulates:
         held += max(0.0, DEFERRED_GRAD_BYTES[a.reduce_dtype] * unsharded - grads)
     ref = (
@@ -111,11 +119,11 @@ def memory_estimate(plan: Plan) -> dict[str, float]:
     scale = ACTIVATION_CALIBRATION if a.strategy in ("fsdp", "fsdp2") else 1.0
     backward = states - (0.0 if accumulates else grads) + ref + held + scale * (activations + logits)
     temporaries = 0 if optim.precision == "bf16_sr" else STEP_BYTES[optim.implementation]
-    step = 0.0 if offloaded else states + ref + temporaries * per_device_params
+    step = 0.0 if offloaded else states + ref + temporaries * trained
     train = max(backward, step) / GIB
     rollout = 0.0
     if r.rollout.name == "vllm":
         kept = RESIDENT_BYTES_BF16 if optim.precision == "bf16_sr" else RESIDENT_BYTES
-        resident = 0.0 if offloaded else kept * per_device_params
+        resident = 0.0 if offloaded else kept * trained + weights * frozen
         rollout = r.rollout.gpu_memory_utilization * r.cluster.device_memory_gib + resident / GIB
     return {"train_gib": round(train, 2), "rollout_gib": round(rollout, 2)}

@@ -113,6 +113,14 @@ class ModelSpec:
         return self.family.moe
 
     @property
+    def vision_params(self) -> float:
+        """The vision tower: all parameters less the text model's (exact for the Qwen3.5 text layout; 0
+        where the registry lacks the facts to count the text model)."""
+        if not (self.vision_depth and self.linear_head_dim and (self.moe or self.intermediate_size)):
+            return 0.0
+        return max(0.0, self.total_params - count_text_params(self.text_config()).total)
+
+    @property
     def expert_params(self) -> float:
         """Routed-expert weights (gate, up, down per expert): what expert parallelism shards."""
         return 3.0 * self.num_layers * self.num_experts * self.hidden_size * self.expert_intermediate_size

@@ -208,6 +208,26 @@ def test_memory_estimate_knows_the_levers() -> None:
     assert estimate(*one, *levers.lever_sets(["fused"]))["train_gib"] == pytest.approx(16 * gib, rel=1e-3)
 
 
+def test_memory_estimate_leaves_out_the_text_only_towers_gradients_and_moments() -> None:
+    """model.text_only never runs the vision tower: its weights stay, its gradients and AdamW moments are
+    never allocated. On the 0.8B (one micro-batch, the backward peak: no gradients there) that is its
+    moments, 8 B per tower parameter; beside vLLM, the same 8 B of the resident 12."""
+    spec = models.lookup("Qwen3.5-0.8B")
+    assert spec.vision_params == pytest.approx(100.6e6, rel=1e-3)  # total less the counted text model
+
+    def estimate(*names: str) -> dict[str, float]:
+        shape = ("actor.ppo_micro_batch_size_per_device=8", "rollout.name=vllm")  # one micro-batch; vLLM
+        sets = (*shape, *levers.lever_sets(list(names)))
+        return memory.memory_estimate(plan.compile_recipe(loader.load("smoke_gpu_h200", "gpu", list(sets))))
+
+    full, text = estimate("fast"), estimate("fast", "text-only")
+    tower_gib = spec.vision_params / 1024**3
+    assert full["train_gib"] - text["train_gib"] == pytest.approx(8 * tower_gib, abs=0.02)
+    assert full["rollout_gib"] - text["rollout_gib"] == pytest.approx(8 * tower_gib, abs=0.02)
+    bf16, bf16_text = estimate("bf16-sr"), estimate("bf16-sr", "text-only")
+    assert bf16["rollout_gib"] - bf16_text["rollout_gib"] == pytest.approx(4 * tower_gib, abs=0.02)
+
+
 def test_bf16_states_need_torchao_where_verl_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
