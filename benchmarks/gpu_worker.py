@@ -32,7 +32,7 @@ from engine.recipes.levers import (
     text_only,
 )
 from engine.runtime import syncs
-from engine.runtime.kernels import select_kernels
+from engine.runtime.kernels import LOGPROBS_CALLS, select_kernels
 
 
 def _batch(vocab: int, batch: int, seq: int, device: Any, seed: int) -> Any:
@@ -83,6 +83,8 @@ def applied_settings(module: Any, optimizer: Any) -> dict[str, Any]:
         "grad_reduce_dtype": None if reduce is None else str(reduce).removeprefix("torch."),
         "attn_implementation": getattr(getattr(module, "config", None), "_attn_implementation", None),
         "vision_tower_stepped": _vision_stepped(module, optimizer),
+        # token_logprobs calls by kernel in this process; empty: verl computed log-probs itself
+        "logprobs_calls": dict(LOGPROBS_CALLS),
     }
 
 

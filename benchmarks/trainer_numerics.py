@@ -86,7 +86,9 @@ def train_lever(args: argparse.Namespace, lever: str) -> list[dict[str, Any]]:
     import torch
 
     from benchmarks.gpu_worker import _batch, applied_settings, build_verl_engine, verl_batch
+    from engine.runtime.kernels import LOGPROBS_CALLS
 
+    LOGPROBS_CALLS.clear()  # this lever's calls alone
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     control = {"model_dtype": "bf16"} if lever == CONTROL else None  # bf16 weights, torch's AdamW
@@ -143,15 +145,28 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 _relative(s["grad_norm"], r["grad_norm"]) for s, r in zip(steps, ref, strict=True)
             ),
         }
-        within = conclusive and all(bounds.at_most(figures[k], TOLERANCE[kind][k]) for k in figures)
+        applied = steps[-1].get("applied")
+        ran = logprobs_applied(lever, applied)
+        within = conclusive and ran is not False
+        within = within and all(bounds.at_most(figures[k], TOLERANCE[kind][k]) for k in figures)
         out.append(
-            {"lever": lever, "tolerance": kind, "steps": len(steps)}
+            {"lever": lever, "tolerance": kind, "steps": len(steps), "logprobs_applied": ran}
             | {f"max_rel_{k}" if k != "drop" else "drop_error": round(v, 6) for k, v in figures.items()}
             | {"loss_first": steps[0]["loss"], "loss_last": steps[last]["loss"], "drop_step": last}
             | {"conclusive": conclusive, "within": within}
-            | {"applied": steps[-1].get("applied")}
+            | {"applied": applied}
         )
     return out
+
+
+def logprobs_applied(lever: str, applied: dict[str, Any] | None) -> bool | None:
+    """Whether the lever's steps computed log-probs with the kernel it names, and with no other (the
+    project's function, chunked unless the lever compiles it); None for rows recorded before the kernels
+    were counted. A lever compared through the wrong kernel has not been checked at all."""
+    if not applied or "logprobs_calls" not in applied:
+        return None
+    fields = {} if lever == CONTROL else lever_fields([lever])
+    return set(applied["logprobs_calls"]) == {fields.get("actor.logprobs_kernel", "chunked")}
 
 
 def worker_main(argv: list[str]) -> int:
@@ -164,6 +179,9 @@ def worker_main(argv: list[str]) -> int:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if cuda else "gloo")
+    from engine.runtime.kernels import install_token_logprobs
+
+    install_token_logprobs()  # verl's log-probs through the project's function, as in every `engine run`
     rows: list[dict[str, Any]] = []
     for lever in args.levers:
         started = time.perf_counter()
@@ -249,8 +267,10 @@ def cli_main(argv: list[str]) -> int:
     print(f"{head}  verdict")
     for v in (r for r in rows if r.get("verdict")):
         expected = v["lever"] != CONTROL
-        ok &= v["conclusive"] and (v["within"] == expected or v["lever"] == REFERENCE)
+        ran = v.get("logprobs_applied") is not False
+        ok &= ran and v["conclusive"] and (v["within"] == expected or v["lever"] == REFERENCE)
         verdict = "within" if v["within"] else "OUT" if v["conclusive"] else "inconclusive"
+        verdict = verdict if ran else f"NOT APPLIED (log-probs by {sorted(v['applied']['logprobs_calls'])})"
         verdict += "" if v["within"] == expected else " (unexpected)"
         print(
             f"{v['lever']:<12} {v['tolerance']:<9} {v['max_rel_loss']:>12.2e} {v['drop_error']:>10.2e} "

@@ -10,6 +10,7 @@ replaces verl's row-by-row log-prob fallback (installed by `engine.verl_ext`).
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib.abc
 import importlib.util
@@ -260,6 +261,11 @@ def _chunk_rows(vocab: int) -> int:
     return max(1, CHUNK_BYTES // (4 * vocab))
 
 
+# token_logprobs calls by kernel in this process: the evidence, read back by the benchmarks, that verl's
+# log-probs went through the kernel a row names (a lever that silently did not apply shows here)
+LOGPROBS_CALLS: collections.Counter[str] = collections.Counter()
+
+
 def logprobs_kernel() -> str:
     """`chunked` (eager ops per chunk, the default) or `compiled` (`ENGINE_LOGPROBS=compiled`, the
     compiled-logprobs lever); another value is an error."""
@@ -309,7 +315,9 @@ def _token_logprobs_function() -> type:
             flat, flat_labels = logits.reshape(-1, vocab), labels.reshape(-1, 1)
             lse = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
             step = _chunk_rows(vocab)
-            ctx.compiled = logprobs_kernel() == "compiled"
+            kernel = logprobs_kernel()
+            LOGPROBS_CALLS[kernel] += 1
+            ctx.compiled = kernel == "compiled"
             if ctx.compiled:
                 out = torch.empty_like(lse)
                 fused = _compiled_chunk_steps()[0]

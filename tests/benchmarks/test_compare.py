@@ -25,6 +25,13 @@ SEEDS = {  # baseline file -> (records it was made from, model tag of their rows
         None,
     ),
     "h200-2026-12-05-dense-fast.json": (["docs/records/h200-dense-2026-12-05/bench/dense-fast.jsonl"], None),
+    "h100-2026-12-06-compiled-logprobs.json": (
+        [
+            f"docs/records/h100-compiled-logprobs-2026-12-06/bench/{stage}.jsonl"
+            for stage in ("dense-varlen", "moe-bf16")
+        ],
+        None,
+    ),
     "h100-2026-12-06-dense-text-only.json": (
         ["docs/records/h100-dense-text-only-2026-12-06/bench/dense-varlen.jsonl"],
         None,

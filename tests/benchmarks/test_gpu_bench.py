@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -325,3 +326,26 @@ def test_gpu_workers_allocate_as_verls_trainer_steps(monkeypatch: pytest.MonkeyP
     assert worker_env()["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync")
     assert worker_env()["PYTORCH_CUDA_ALLOC_CONF"] == "backend:cudaMallocAsync"
+
+
+RECORD = Path(__file__).resolve().parents[2] / "docs/records/h100-compiled-logprobs-2026-12-06/bench"
+
+
+def test_the_recorded_dense_pair_and_moe_row_against_the_trainer_targets() -> None:
+    """Replays the H100 record of 2026-12-06 (compiled-logprobs): verl's dense step with every lever at
+    >= 0.9x plain FSDP2 by the medians of three repeats, the lever's own effect, and the one-repeat MoE
+    bf16 row with every lever at the 15% MFU mark (6 x N x tokens/s / 989 TFLOP/s)."""
+    rows = [json.loads(line) for line in (RECORD / "dense-varlen.jsonl").read_text().splitlines()]
+    median = {(r["mode"], r["levers"]): r["tokens_per_s"] for r in gpu_bench.summarize(rows)}
+    plain = median[("plain", "baseline")]
+    best = median[("verl-packed", "fast+varlen-attn+text-only+compiled-logprobs")]
+    without = median[("verl-packed", "fast+varlen-attn+text-only")]
+    assert best / plain == pytest.approx(1.0075, abs=1e-3) and best / plain >= 0.9
+    assert best / without == pytest.approx(1.188, abs=1e-3)
+    assert all(r["repeat"] in (1, 2, 3) for r in rows) and len(rows) == 9
+    moe = {r["levers"]: r for r in map(json.loads, (RECORD / "moe-bf16.jsonl").read_text().splitlines())}
+    lean = moe["fast-bf16-reduce+bf16-sr-compiled+varlen-attn+text-only+compiled-logprobs"]
+    mfu = 6 * lean["flops_params"] * lean["tokens_per_s"] / 989e12
+    assert mfu == pytest.approx(lean["mfu"], abs=1e-4) and mfu == pytest.approx(0.1496, abs=1e-4)
+    assert lean["tokens_per_s"] / moe["fast-bf16-reduce+bf16-sr-compiled"]["tokens_per_s"] > 1.6
+    assert lean["vision_tower_stepped"] is False and lean["attn_implementation"] == "torch_varlen"

@@ -27,6 +27,9 @@ RECORDS = ROOT / "docs/records"
         ("h100-levers-2026-12-05/bench/moe-compiled.jsonl", "qwen35_35b_h200", 1),
         # text-only: the tower's weights without gradients or moments (0.92 GiB less measured, 0.75 estimated)
         ("h100-dense-text-only-2026-12-06/bench/dense-varlen.jsonl", "smoke_gpu_h200", 6),
+        # compiled-logprobs: no eager fp32 chunks (2.50 GiB less measured on the 0.8B, 2 GiB modelled)
+        ("h100-compiled-logprobs-2026-12-06/bench/dense-varlen.jsonl", "smoke_gpu_h200", 6),
+        ("h100-compiled-logprobs-2026-12-06/bench/moe-bf16.jsonl", "qwen35_35b_h200", 2),
     ],
 )
 def test_recorded_peaks_are_within_the_target(rows: str, recipe: str, count: int) -> None:

@@ -32,6 +32,25 @@ def test_verdicts_hold_each_lever_to_its_tolerance() -> None:
     assert not verdict["no-sync"]["within"] and verdict["no-sync"]["max_rel_loss"] == float("inf")
 
 
+def test_a_lever_whose_steps_ran_another_log_prob_kernel_is_not_within() -> None:
+    """Equal figures prove nothing when the lever never ran: compiled-logprobs must have computed its
+    log-probs with the compiled kernel alone (and the reference with the chunked one)."""
+    ref = _rows("baseline", [7.0, 6.9, 6.8], [1.0, 1.0, 1.0])
+    lever = _rows("compiled-logprobs", [7.0, 6.9, 6.8], [1.0, 1.0, 1.0])
+    ref[-1]["applied"] = {"logprobs_calls": {"chunked": 6}}
+    lever[-1]["applied"] = {"logprobs_calls": {"chunked": 6}}  # the lever was not installed
+    verdict = {v["lever"]: v for v in numerics.verdicts(ref + lever)}
+    assert verdict["baseline"]["logprobs_applied"] and verdict["baseline"]["within"]
+    assert verdict["compiled-logprobs"]["logprobs_applied"] is False
+    assert not verdict["compiled-logprobs"]["within"]
+    lever[-1]["applied"] = {"logprobs_calls": {"compiled": 6}}
+    assert all(v["within"] and v["logprobs_applied"] for v in numerics.verdicts(ref + lever))
+    lever[-1]["applied"] = {"logprobs_calls": {}}  # verl's own log-probs: nothing of ours ran
+    assert not numerics.verdicts(ref + lever)[1]["within"]
+    del lever[-1]["applied"]  # rows recorded before the kernels were counted: not judged on it
+    assert numerics.verdicts(ref + lever)[1]["logprobs_applied"] is None
+
+
 GPU_RUN = Path(__file__).resolve().parents[2] / "docs/records/h200-levers-2026-12-04b/bench/numerics.log"
 
 
@@ -106,7 +125,7 @@ def test_levers_train_like_the_fp32_reference_and_the_control_does_not(tmp_path:
             "--steps",
             "20",
             "--levers",
-            "fast,no-sync,bf16-sr,bf16-sr-compiled,varlen-attn,text-only,bf16-rn",
+            "fast,no-sync,bf16-sr,bf16-sr-compiled,varlen-attn,text-only,compiled-logprobs,bf16-rn",
         ]
     )
     verdicts = {r["lever"]: r for r in map(json.loads, out.read_text().splitlines()) if r.get("verdict")}
@@ -118,10 +137,19 @@ def test_levers_train_like_the_fp32_reference_and_the_control_does_not(tmp_path:
         "bf16-sr-compiled",
         "varlen-attn",
         "text-only",
+        "compiled-logprobs",
         "bf16-rn",
     ]
     assert all(v["steps"] == 20 and v["conclusive"] and v["drop_step"] == 16 for v in verdicts.values())
-    levers = ("fast", "no-sync", "bf16-sr", "bf16-sr-compiled", "varlen-attn", "text-only")
+    levers = (
+        "fast",
+        "no-sync",
+        "bf16-sr",
+        "bf16-sr-compiled",
+        "varlen-attn",
+        "text-only",
+        "compiled-logprobs",
+    )
     assert all(verdicts[lever]["within"] for lever in levers)
     assert not verdicts["bf16-rn"]["within"]
     assert verdicts["baseline"]["loss_last"] < verdicts["baseline"]["loss_first"]  # it trains
@@ -138,6 +166,13 @@ def test_levers_train_like_the_fp32_reference_and_the_control_does_not(tmp_path:
     assert applied["baseline"]["param_dtype"] == applied["baseline"]["state_dtype"] == "float32"
     assert applied["varlen-attn"]["attn_implementation"] == "torch_varlen"
     assert applied["baseline"]["attn_implementation"] == "sdpa"
+    # verl's log-probs went through the project's function, compiled for the lever alone
+    assert set(applied["compiled-logprobs"]["logprobs_calls"]) == {"compiled"}
+    assert all(
+        set(a["logprobs_calls"]) == {"chunked"}
+        for lever, a in applied.items()
+        if lever != "compiled-logprobs"
+    )
     assert applied["baseline"]["vision_tower_stepped"] and not applied["text-only"]["vision_tower_stepped"]
     text_only = verdicts["text-only"]
     assert text_only["tolerance"] == "rounding" and text_only["max_rel_loss"] < 1e-4  # the norm's order

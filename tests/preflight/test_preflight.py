@@ -228,6 +228,22 @@ def test_memory_estimate_leaves_out_the_text_only_towers_gradients_and_moments()
     assert bf16["rollout_gib"] - bf16_text["rollout_gib"] == pytest.approx(4 * tower_gib, abs=0.02)
 
 
+def test_memory_estimate_leaves_out_the_eager_log_prob_chunks_with_compiled_log_probs() -> None:
+    """The compiled log-prob kernels keep neither the eager chunk's fp32 copy nor its exponentials: two
+    chunks of the kernels' own size less at the backward peak, at every shape whose logits fill them."""
+    from engine.runtime import kernels
+
+    assert memory.LOGPROB_CHUNK_BYTES == kernels.CHUNK_BYTES  # the estimate models the kernels' chunk
+
+    def train(*names: str) -> float:
+        shape = ("actor.ppo_micro_batch_size_per_device=8", "data.max_prompt_length=1024")
+        sets = (*shape, "data.max_response_length=1024", *levers.lever_sets(list(names)))
+        loaded = loader.load("smoke_gpu_h200", "gpu", list(sets))
+        return memory.memory_estimate(plan.compile_recipe(loaded))["train_gib"]
+
+    assert train("fast") - train("fast", "compiled-logprobs") == pytest.approx(2.0, abs=0.01)
+
+
 def test_bf16_states_need_torchao_where_verl_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
