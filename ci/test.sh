@@ -4,7 +4,7 @@
 # (root on Debian), then runs the whole test suite, slow end-to-end runs included: the main suite in
 # .venv, then the vLLM CPU tests (tests/runtime/test_vllm_cpu.py) in .venv-vllm. The main suite runs on
 # TEST_WORKERS pytest-xdist workers (default 2: its verl runs leave a core idle while they start; a
-# file stays on one worker, see tests/conftest.py). With arguments, only `pytest ARGS` in .venv, on one
+# file stays on one worker, see tests/conftest.py) and lists its 25 slowest tests. With arguments, only `pytest ARGS` in .venv, on one
 # process.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,7 +29,7 @@ if [ $# -gt 0 ]; then
     exec .venv/bin/python -m pytest "$@"
 fi
 main=0
-.venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile || main=$?
+.venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile --durations=25 || main=$?
 vllm=0
 if wait "$vllm_env"; then
     .venv-vllm/bin/python -m pytest tests/runtime/test_vllm_cpu.py || vllm=$?

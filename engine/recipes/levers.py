@@ -66,6 +66,17 @@ LEVERS: dict[str, tuple[dict[str, Any], str]] = {
         {"actor.optim.implementation": "fused", "actor.reshard_after_forward": False},
         "fused + no-reshard: the exact-numerics bundle for one GPU",
     ),
+    "fast-text": (
+        {
+            "actor.optim.implementation": "fused",
+            "actor.reshard_after_forward": False,
+            "model.attn_implementation": "torch_varlen",
+            "model.text_only": True,
+            "actor.logprobs_kernel": "compiled",
+        },
+        "fast + varlen-attn + text-only + compiled-logprobs: packed text data, fp32 master weights "
+        "(verl's dense step at 1.007x plain FSDP2 on one H100)",
+    ),
     "fast-bf16": (
         {"actor.optim.precision": "bf16_sr", "actor.reshard_after_forward": False},
         "bf16-sr + no-reshard: the smallest-memory, fewest-casts bundle",

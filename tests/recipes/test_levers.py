@@ -73,6 +73,10 @@ def test_bundles_are_their_parts_and_later_wins() -> None:
     assert levers.lever_sets(["fused", "bf16-sr"])[-1] == "actor.optim.precision=bf16_sr"
     assert levers.lever_sets(["fast+no-sync"]) == levers.lever_sets(["fast", "no-sync"])
     assert levers.lever_fields(["fast-bf16-reduce"]) == levers.lever_fields(["fast-bf16", "bf16-reduce"])
+    # the dense step's measured set, under the name the docs give it
+    text = ["fast", "varlen-attn", "text-only", "compiled-logprobs"]
+    assert levers.lever_fields(["fast-text"]) == levers.lever_fields(text)
+    assert levers.lever_fields(["fast-text"]) == levers.lever_fields(["+".join(text)])
     assert levers.lever_names("fast+no-sync,fused") == ["fast+no-sync", "fused"]
     for bad in ("fused,turbo", "fast+turbo"):
         with pytest.raises(UserError, match="unknown lever"):
