@@ -4,8 +4,8 @@
 # (root on Debian), then runs the whole test suite, slow end-to-end runs included: the main suite in
 # .venv, then the vLLM CPU tests (tests/runtime/test_vllm_cpu.py) in .venv-vllm. The main suite runs on
 # TEST_WORKERS pytest-xdist workers (default 2: its verl runs leave a core idle while they start; a
-# file stays on one worker, see tests/conftest.py) and lists its 25 slowest tests. With arguments, only `pytest ARGS` in .venv, on one
-# process.
+# file stays on one worker, see tests/conftest.py) and lists its 25 slowest tests. With arguments, only
+# `pytest ARGS` in .venv, on one process.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source ci/bootstrap.sh
