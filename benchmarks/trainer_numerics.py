@@ -146,7 +146,7 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ),
         }
         applied = steps[-1].get("applied")
-        ran = logprobs_applied(lever, applied)
+        ran = logprobs_applied(lever, applied, ref[-1].get("applied"))
         within = conclusive and ran is not False
         within = within and all(bounds.at_most(figures[k], TOLERANCE[kind][k]) for k in figures)
         out.append(
@@ -159,14 +159,22 @@ def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def logprobs_applied(lever: str, applied: dict[str, Any] | None) -> bool | None:
-    """Whether the lever's steps computed log-probs with the kernel it names, and with no other (the
-    project's function, chunked unless the lever compiles it); None for rows recorded before the kernels
-    were counted. A lever compared through the wrong kernel has not been checked at all."""
+def logprobs_applied(
+    lever: str, applied: dict[str, Any] | None, reference: dict[str, Any] | None
+) -> bool | None:
+    """Whether the lever's steps computed log-probs the way it says: compiled-logprobs with the compiled
+    kernel alone, every other lever as the reference did (the project's chunked function, or verl's fused
+    cross-entropy where flash-attn provides one: no call counted). None for rows recorded before the
+    kernels were counted. A lever compared through the wrong kernel has not been checked at all."""
     if not applied or "logprobs_calls" not in applied:
         return None
     fields = {} if lever == CONTROL else lever_fields([lever])
-    return set(applied["logprobs_calls"]) == {fields.get("actor.logprobs_kernel", "chunked")}
+    ran = set(applied["logprobs_calls"])
+    if fields.get("actor.logprobs_kernel") == "compiled":
+        return ran == {"compiled"}
+    if lever == REFERENCE:
+        return "compiled" not in ran
+    return reference is not None and ran == set(reference.get("logprobs_calls", ()))
 
 
 def worker_main(argv: list[str]) -> int:

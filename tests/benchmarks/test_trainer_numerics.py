@@ -49,6 +49,15 @@ def test_a_lever_whose_steps_ran_another_log_prob_kernel_is_not_within() -> None
     assert not numerics.verdicts(ref + lever)[1]["within"]
     del lever[-1]["applied"]  # rows recorded before the kernels were counted: not judged on it
     assert numerics.verdicts(ref + lever)[1]["logprobs_applied"] is None
+    # any other lever computes them as the reference did: the project's chunked function here, verl's
+    # fused cross-entropy where flash-attn provides one (nothing of ours called)
+    fused = _rows("fused", [7.0, 6.9, 6.8], [1.0, 1.0, 1.0])
+    fused[-1]["applied"] = {"logprobs_calls": {"chunked": 6}}
+    assert numerics.verdicts(ref + fused)[1]["logprobs_applied"]
+    fused[-1]["applied"] = {"logprobs_calls": {"compiled": 6}}
+    assert not numerics.verdicts(ref + fused)[1]["within"]
+    ref[-1]["applied"] = fused[-1]["applied"] = {"logprobs_calls": {}}
+    assert all(v["logprobs_applied"] and v["within"] for v in numerics.verdicts(ref + fused))
 
 
 GPU_RUN = Path(__file__).resolve().parents[2] / "docs/records/h200-levers-2026-12-04b/bench/numerics.log"
