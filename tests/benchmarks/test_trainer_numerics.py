@@ -124,6 +124,15 @@ def test_levers_train_like_the_fp32_reference_and_the_control_does_not(tmp_path:
     from engine.data import random_model
 
     model = random_model.make_model(tmp_path / "moe", small=True, model="Qwen3.5-35B-A3B-6L")
+    levers = (
+        "fast",
+        "no-sync",
+        "bf16-sr",
+        "bf16-sr-compiled",
+        "varlen-attn",
+        "text-only",
+        "compiled-logprobs",
+    )
     out = tmp_path / "numerics.jsonl"
     code = numerics.cli_main(
         [
@@ -134,31 +143,12 @@ def test_levers_train_like_the_fp32_reference_and_the_control_does_not(tmp_path:
             "--steps",
             "20",
             "--levers",
-            "fast,no-sync,bf16-sr,bf16-sr-compiled,varlen-attn,text-only,compiled-logprobs,bf16-rn",
+            ",".join([*levers, "bf16-rn"]),
         ]
     )
     verdicts = {r["lever"]: r for r in map(json.loads, out.read_text().splitlines()) if r.get("verdict")}
-    assert code == 0 and list(verdicts) == [
-        "baseline",
-        "fast",
-        "no-sync",
-        "bf16-sr",
-        "bf16-sr-compiled",
-        "varlen-attn",
-        "text-only",
-        "compiled-logprobs",
-        "bf16-rn",
-    ]
+    assert code == 0 and list(verdicts) == ["baseline", *levers, "bf16-rn"]
     assert all(v["steps"] == 20 and v["conclusive"] and v["drop_step"] == 16 for v in verdicts.values())
-    levers = (
-        "fast",
-        "no-sync",
-        "bf16-sr",
-        "bf16-sr-compiled",
-        "varlen-attn",
-        "text-only",
-        "compiled-logprobs",
-    )
     assert all(verdicts[lever]["within"] for lever in levers)
     assert not verdicts["bf16-rn"]["within"]
     assert verdicts["baseline"]["loss_last"] < verdicts["baseline"]["loss_first"]  # it trains
