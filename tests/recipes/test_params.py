@@ -22,7 +22,9 @@ def _built(config: dict, moe: bool) -> object:
         return model_cls(text_cls(**config))
 
 
-@pytest.mark.parametrize("name", ["Qwen3.5-0.8B", "Qwen3.5-35B-A3B", "Qwen3.5-35B-A3B-6L", "Qwen3.5-27B"])
+@pytest.mark.parametrize(
+    "name", ["Qwen3.5-0.8B", "Qwen3.5-2B", "Qwen3.5-35B-A3B", "Qwen3.5-35B-A3B-6L", "Qwen3.5-27B"]
+)
 def test_count_equals_the_instantiated_model(name: str) -> None:
     spec = models.lookup(name)
     if not spec.linear_head_dim:
@@ -67,3 +69,21 @@ def test_gpu_vision_tower_count_is_the_built_one() -> None:
     with torch.device("meta"):
         model = transformers.Qwen3_5MoeForConditionalGeneration(config)
     assert sum(p.numel() for p in model.parameters()) == cut.total_params
+
+
+@pytest.mark.parametrize(
+    ("name", "tower"),
+    [
+        ("Qwen3.5-0.8B", {"depth": 12, "hidden_size": 768, "intermediate_size": 3072, "num_heads": 12}),
+        ("Qwen3.5-2B", {"depth": 24, "hidden_size": 1024, "intermediate_size": 4096, "num_heads": 16}),
+    ],
+)
+def test_dense_registry_widths_leave_a_vision_tower_of_the_release_depth(name: str, tower: dict) -> None:
+    """vision_params is the release's total less the counted text model: a wrong FFN width shows as a tower
+    that no vision shape of that depth builds (the 2B's once carried the 0.8B's 3584: 708.7 M)."""
+    spec = models.lookup(name)
+    assert tower["depth"] == spec.vision_depth
+    config = transformers.Qwen3_5VisionConfig(**tower, out_hidden_size=spec.hidden_size)
+    with torch.device("meta"):
+        built = transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5VisionModel(config)
+    assert spec.vision_params == pytest.approx(sum(p.numel() for p in built.parameters()), rel=2e-3)
