@@ -36,6 +36,10 @@ SEEDS = {  # baseline file -> (records it was made from, model tag of their rows
         ["docs/records/h100-dense-text-only-2026-12-06/bench/dense-varlen.jsonl"],
         None,
     ),
+    "h100-2026-12-06-moe-lean.json": (
+        [f"docs/records/h100-moe-lean-2026-12-06/bench/{stage}.jsonl" for stage in ("moe-lean", "moe-base")],
+        None,
+    ),
 }
 OLD_MOE = compare.BASELINES / "h200-2026-12-01-moe-35b-a3b-6l.json"
 OLD_DENSE = compare.BASELINES / "h200-2026-12-01-dense-0p8b.json"

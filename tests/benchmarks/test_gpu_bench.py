@@ -349,3 +349,21 @@ def test_the_recorded_dense_pair_and_moe_row_against_the_trainer_targets() -> No
     assert mfu == pytest.approx(lean["mfu"], abs=1e-4) and mfu == pytest.approx(0.1496, abs=1e-4)
     assert lean["tokens_per_s"] / moe["fast-bf16-reduce+bf16-sr-compiled"]["tokens_per_s"] > 1.6
     assert lean["vision_tower_stepped"] is False and lean["attn_implementation"] == "torch_varlen"
+
+
+def test_the_recorded_moe_repeats_against_the_mfu_target() -> None:
+    """Replays the H100 record of 2026-12-06 (moe-lean): the fastest MoE lever set over three repeats,
+    medians by gpu_bench.summarize, is at 14.8% MFU, 0.2 points short of the 15% mark (the first repeat
+    ran with a cold compile cache: 10.4%), 1.88x the compiled bf16 step without the three levers."""
+    record = RECORD.parents[1] / "h100-moe-lean-2026-12-06/bench"
+    rows = [json.loads(line) for stage in ("moe-lean", "moe-base") for line in open(record / f"{stage}.jsonl")]
+    median = {r["levers"]: r for r in gpu_bench.summarize(rows)}
+    lean = median["fast-bf16-reduce+bf16-sr-compiled+varlen-attn+text-only+compiled-logprobs"]
+    base = median["fast-bf16-reduce+bf16-sr-compiled"]
+    assert lean["repeats"] == base["repeats"] == 3 and lean["failed"] == base["failed"] == 0
+    flops_params = {r["flops_params"] for r in rows}
+    assert len(flops_params) == 1  # both rows count the same model
+    mfu = 6 * flops_params.pop() * lean["tokens_per_s"] / 989e12
+    assert mfu == pytest.approx(lean["mfu"], abs=1e-4) and mfu == pytest.approx(0.1479, abs=1e-4) and mfu < 0.15
+    assert lean["tokens_per_s"] / base["tokens_per_s"] == pytest.approx(1.880, abs=1e-3)
+    assert lean["peak_alloc_gib"] < base["peak_alloc_gib"]
