@@ -243,8 +243,7 @@ QWEN35_0P8B = register(
         source={"architecture": "Qwen/Qwen3.5-0.8B model card; " + _SLIME.format("qwen3.5-0.8B"), **_SHARED},
     )
 )
-# The 2B keeps the 0.8B's layer pattern and heads; it is wider (hidden 2048, FFN 6144) with a deeper
-# vision tower.
+# The 2B keeps the 0.8B's layer pattern and heads, wider (hidden 2048, FFN 6144), deeper vision tower.
 register(
     replace(
         QWEN35_0P8B,
@@ -255,12 +254,8 @@ register(
         total_params=2.213e9,
         active_params=2.213e9,
         vision_depth=24,
-        source={
-            "architecture": "Qwen/Qwen3.5-2B config.json (revision 15852e8c) as published",
-            "intermediate_size": "derived: total_params less the text model leaves 331.2 M, a 24-block "
-            "1024-wide vision tower (331.4 M built); the 0.8B's 3584 would leave 708.7 M",
-            **_SHARED,
-        },
+        source={"architecture": "Qwen/Qwen3.5-2B config.json (revision 15852e8c) as published", **_SHARED}
+        | {"intermediate_size": "derived: total less the text model = a 24-block 1024-wide tower (331 M)"},
     )
 )
 register(

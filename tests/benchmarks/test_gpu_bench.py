@@ -356,7 +356,8 @@ def test_the_recorded_moe_repeats_against_the_mfu_target() -> None:
     medians by gpu_bench.summarize, is at 14.8% MFU, 0.2 points short of the 15% mark (the first repeat
     ran with a cold compile cache: 10.4%), 1.88x the compiled bf16 step without the three levers."""
     record = RECORD.parents[1] / "h100-moe-lean-2026-12-06/bench"
-    rows = [json.loads(line) for stage in ("moe-lean", "moe-base") for line in open(record / f"{stage}.jsonl")]
+    stages = ("moe-lean", "moe-base")
+    rows = [json.loads(line) for s in stages for line in (record / f"{s}.jsonl").read_text().splitlines()]
     median = {r["levers"]: r for r in gpu_bench.summarize(rows)}
     lean = median["fast-bf16-reduce+bf16-sr-compiled+varlen-attn+text-only+compiled-logprobs"]
     base = median["fast-bf16-reduce+bf16-sr-compiled"]
@@ -364,6 +365,7 @@ def test_the_recorded_moe_repeats_against_the_mfu_target() -> None:
     flops_params = {r["flops_params"] for r in rows}
     assert len(flops_params) == 1  # both rows count the same model
     mfu = 6 * flops_params.pop() * lean["tokens_per_s"] / 989e12
-    assert mfu == pytest.approx(lean["mfu"], abs=1e-4) and mfu == pytest.approx(0.1479, abs=1e-4) and mfu < 0.15
+    assert mfu == pytest.approx(lean["mfu"], abs=1e-4) and mfu == pytest.approx(0.1479, abs=1e-4)
+    assert mfu < 0.15  # the mark, missed on this H100
     assert lean["tokens_per_s"] / base["tokens_per_s"] == pytest.approx(1.880, abs=1e-3)
     assert lean["peak_alloc_gib"] < base["peak_alloc_gib"]
