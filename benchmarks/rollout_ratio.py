@@ -4,8 +4,10 @@ Reads two `engine run` directories (their verl metrics.jsonl and run.json) and c
 every step after the first (which compiles kernels and starts the engines) that saved no checkpoint. A
 step holding `timing_s/save_checkpoint` is left out and listed, so a save can never pass for rollout
 time; two runs whose steady steps trained different token counts are refused (not the same batch).
-Only runs that finished ok (their run.json says so) count. Prints per run the median and range of the
-step and of its phases, and the ratio of the medians.
+Only runs that finished ok (their run.json says so) count. Two runs count as one comparison only on one
+machine (the host and accelerators their run.json names): runs of two machines, or of records that do not
+say, are refused unless `--across-machines`, and then reported as such. Prints per run the median and
+range of the step and of its phases, and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def summarize_run(run: RunDir, first: int) -> dict[str, Any]:
         "sets": record.get("sets"),
         "status": record.get("status"),
         "gates": {gate["name"]: gate["status"] for gate in record.get("gates") or []},
+        "hardware": record.get("hardware"),
         "steps": [row["step"] for row in rows],
         "saved_steps_left_out": saved,
         "phases": phases,
@@ -100,6 +103,28 @@ def compare(slow: dict[str, Any], fast: dict[str, Any]) -> dict[str, Any]:
         for name in PHASES
         if name in slow["phases"] and name in fast["phases"] and fast["phases"][name]["median"] > 0
     }
+
+
+def machine(run: dict[str, Any]) -> str | None:
+    """The host and accelerators a run's record names; None for a record older than that field."""
+    hw = run.get("hardware")
+    if not hw:
+        return None
+    return f"{hw.get('host')}: {', '.join(hw.get('devices') or [str(hw.get('accelerator'))])}"
+
+
+def same_machine(runs: dict[str, dict[str, Any]], across: bool) -> bool | None:
+    """Whether both runs name one machine (None: a record does not say); refused unless `across` when
+    not known to be one: a step-time ratio of two machines measures the machines too."""
+    named = {label: machine(run) for label, run in runs.items()}
+    same = None if None in named.values() else len(set(named.values())) == 1
+    if not same and not across:
+        said = "; ".join(f"{label}: {m or 'not recorded'}" for label, m in named.items())
+        raise UserError(
+            f"the runs are {'not known to be' if same is None else 'not'} on one machine ({said}); "
+            "run both in one allocation, or pass --across-machines to compare them as two machines"
+        )
+    return same
 
 
 def _table(runs: dict[str, dict[str, Any]], ratios: dict[str, float]) -> Table:
@@ -124,6 +149,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--labels", default="hf,vllm", help="names of the two runs (default hf,vllm)")
     parser.add_argument("--first", type=int, default=2, help="first steady step (default 2)")
     parser.add_argument("--json", type=Path, help="write the summary here")
+    parser.add_argument(
+        "--across-machines",
+        action="store_true",
+        help="compare runs of two machines (or records that do not name theirs), reported as such",
+    )
     args: argparse.Namespace = parser.parse_args(argv)
     labels = args.labels.split(",")
     if len(labels) != 2 or not all(labels):
@@ -136,12 +166,17 @@ def main(argv: list[str]) -> int:
         for label, path in zip(labels, (args.slow, args.fast), strict=True)
     }
     ratios = compare(*runs.values())
+    same = same_machine(runs, args.across_machines)
     console.print(_table(runs, ratios))
+    if not same:
+        console.print("[bold]not one machine[/]: the ratio includes the machines' difference")
     for label, run in runs.items():
         if run["saved_steps_left_out"]:
             console.print(f"{label}: steps {run['saved_steps_left_out']} saved a checkpoint and are left out")
-        console.print(f"{label}: {run['recipe']} {run['status']}, gates {run['gates']}")
-    summary = {"schema": SCHEMA, "first_steady_step": args.first, "runs": runs, "ratios": ratios}
+        where = machine(run) or "a machine its record does not name"
+        console.print(f"{label}: {run['recipe']} {run['status']}, gates {run['gates']}, on {where}")
+    summary = {"schema": SCHEMA, "first_steady_step": args.first, "same_machine": same}
+    summary |= {"runs": runs, "ratios": ratios}
     if args.json:
         fsutil.atomic_write(args.json, json.dumps(summary, indent=2) + "\n")
     return 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -83,38 +82,6 @@ def versions(device: str | None = None) -> dict[str, Any]:
             except metadata.PackageNotFoundError:
                 found[name] = None
         return {"installed": found, "drift": "unavailable", "pins_source": "package metadata"}
-
-
-def hardware() -> dict[str, Any]:
-    gpus = _run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"])
-    if gpus:
-        rows = [line.strip() for line in gpus.splitlines() if line.strip()]
-        return {"accelerator": "gpu", "count": len(rows), "devices": rows}
-    npus = _run(["npu-smi", "info", "-l"])
-    if npus:
-        return {"accelerator": "npu", "count": npus.count("NPU ID"), "npu_smi": npus.splitlines()[:40]}
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in _read("/proc/cpuinfo").splitlines() if "model name" in ln),
-        None,
-    )
-    mem = next(
-        (ln.split()[1] for ln in _read("/proc/meminfo").splitlines() if ln.startswith("MemTotal")), "0"
-    )
-    return {
-        "accelerator": "cpu",
-        "count": 0,
-        "cpu": model or platform.processor(),
-        "cores": os.cpu_count(),
-        "memory_gib": round(int(mem) / (1 << 20), 1),
-        "machine": platform.machine(),
-    }
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text(errors="replace")
-    except OSError:
-        return ""
 
 
 def _git_user(repo: Path | None) -> str | None:

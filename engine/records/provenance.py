@@ -24,7 +24,7 @@ from engine.hashing import sha256_file
 from engine.recipes.plan import overrides_digest
 from engine.records import chain, origin
 from engine.records.rocrate import ro_crate
-from engine.run import rundir
+from engine.run import devices, rundir
 from engine.run.record import RunRecord
 from engine.run.redact import redact_env, scrub, scrub_obj
 from engine.run.rundir import RunDir
@@ -134,7 +134,8 @@ def build_record(
         "rerun": run.rerun.model_dump() if run.rerun else None,
         "container": origin.container_info(),
         "versions": origin.versions(run.device),
-        "hardware": origin.hardware(),
+        # the machine the launch recorded; this one for a record older than that field
+        "hardware": run.hardware or devices.hardware(),
         "environment": redact_env(os.environ) | redact_env(run.env),
         "snakemake": snakemake,
         "python": sys.version.split()[0],

@@ -1,4 +1,4 @@
-"""What the accelerators did during a launch: device memory sampled by `nvidia-smi`, beside the run.
+"""Which accelerators a launch ran on, and what they did: device memory sampled by `nvidia-smi`.
 
 verl reports the trainer's own peak (`actor/perf/max_memory_*`), which misses vLLM's share of a colocated
 GPU; the driver's view of the whole device is what decides whether a plan fits. Sampling needs only the
@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import os
+import platform
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 QUERY = "timestamp,index,memory.used,utilization.gpu"
 INTERVAL_MS = 500
@@ -55,3 +59,47 @@ def peak_memory_mib(path: Path) -> dict[str, float] | None:
                 continue  # a row cut off when the sampler stopped
             peaks[row["index"]] = max(peaks.get(row["index"], 0.0), used)
     return peaks or None
+
+
+def _output(cmd: list[str]) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def hardware() -> dict[str, Any]:
+    """This machine: its host name (two runs on one host and boot can be compared), and its GPUs (name,
+    memory, driver), NPUs, or CPU. Read where the launch runs: a record written later, elsewhere (a
+    provenance rule on a login node), would name the wrong machine."""
+    host = {"host": socket.gethostname()}
+    gpus = _output(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"])
+    if gpus:
+        rows = [line.strip() for line in gpus.splitlines() if line.strip()]
+        return host | {"accelerator": "gpu", "count": len(rows), "devices": rows}
+    npus = _output(["npu-smi", "info", "-l"])
+    if npus:
+        return host | {"accelerator": "npu", "count": npus.count("NPU ID"), "npu_smi": npus.splitlines()[:40]}
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in _read("/proc/cpuinfo").splitlines() if "model name" in ln),
+        None,
+    )
+    mem = next(
+        (ln.split()[1] for ln in _read("/proc/meminfo").splitlines() if ln.startswith("MemTotal")), "0"
+    )
+    return host | {
+        "accelerator": "cpu",
+        "count": 0,
+        "cpu": model or platform.processor(),
+        "cores": os.cpu_count(),
+        "memory_gib": round(int(mem) / (1 << 20), 1),
+        "machine": platform.machine(),
+    }

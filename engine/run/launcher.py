@@ -344,6 +344,7 @@ def _attempt(args: argparse.Namespace, p: Any, out: Path) -> int:
         gates_over=verdict.gates_over,
         rerun=_rerun_of(args),
         error=verdict.error,
+        hardware=devices.hardware(),
     )
     _write_scrubbed(staged.record, record.to_json())
     where = publish_attempt(stage, out, moved_on(rows, saved, saved_before))

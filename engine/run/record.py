@@ -73,6 +73,8 @@ class RunRecord(BaseModel):
     gates_over: str = THIS_LAUNCH  # whose steps the gates judged
     rerun: Rerun | None = None
     error: str | None = None
+    # the machine the launch ran on (engine.run.devices.hardware); None in records older than the field
+    hardware: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2) + "\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,19 @@ def test_redact_env_keeps_only_the_allowlist_and_masks_credentials() -> None:
     assert "HOME" not in kept and "HF_TOKEN" not in kept and "WANDB_API_KEY" not in kept
     assert kept["NCCL_SOCKET_TOKEN"] == redact.REDACTED
     assert kept["RAY_ADDRESS"] == "https://***@ray.example.com:8265"
+
+
+def test_the_hardware_is_the_machine_the_launch_recorded(tmp_path: Path) -> None:
+    """A provenance record written on another machine (a login node) names the run's machine, as its
+    run.json does; a run.json older than that field gets the writing machine's, host included."""
+    run = fake_run(tmp_path)
+    gpu = {"host": "gpu-node-7", "accelerator": "gpu", "count": 1, "devices": ["NVIDIA H100 80GB HBM3"]}
+    written = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps(written | {"hardware": gpu}))
+    assert json.loads(provenance.write(run).read_text())["hardware"] == gpu
+    (run / "run.json").write_text(json.dumps(written))
+    here = json.loads(provenance.write(run, force=True).read_text())["hardware"]
+    assert here["host"] == socket.gethostname() and here["accelerator"] in ("cpu", "gpu", "npu")
 
 
 def test_write_verify_and_tamper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -125,6 +126,7 @@ def test_sigkilled_and_resumed_run_equals_an_uninterrupted_one(assets: Path, tmp
     done = finish(resumed_dir, assets)  # resumed at the epoch boundary
     record = json.loads((resumed_dir / "run.json").read_text())
     assert record["status"] == "ok" and record["steps_done"] == 2 and record["last_step"] == STEPS
+    assert record["hardware"]["host"] == socket.gethostname() and record["hardware"]["accelerator"] == "cpu"
     assert "gate learning: SKIP" in done.stdout  # this launch began at step 3
 
     last = read_metrics(resumed_dir / "metrics.jsonl")
