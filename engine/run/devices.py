@@ -77,9 +77,9 @@ def _read(path: str) -> str:
 
 
 def hardware() -> dict[str, Any]:
-    """This machine: its host name (two runs on one host and boot can be compared), and its GPUs (name,
-    memory, driver), NPUs, or CPU. Read where the launch runs: a record written later, elsewhere (a
-    provenance rule on a login node), would name the wrong machine."""
+    """This machine (on Slurm, the node the launch runs on): its host name, which tells two runs of one
+    allocation from runs of two, and its GPUs (name, memory, driver), NPUs, or CPU. Read by the launch
+    itself: a record written later elsewhere (a provenance rule on a login node) would name another."""
     host = {"host": socket.gethostname()}
     gpus = _output(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"])
     if gpus:
