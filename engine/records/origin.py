@@ -10,36 +10,28 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import subprocess
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from engine.errors import UserError
+from engine.run.devices import command_output
 from engine.run.redact import scrub
-
-
-def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
-    try:
-        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def git_info(repo: Path | None) -> dict[str, Any]:
     """Commit, dirty flag, branch and (scrubbed) remote of the checkout the engine runs from."""
     if repo is None:
         return {"commit": None, "dirty": None, "note": "not a git checkout (an installed engine)"}
-    commit = _run(["git", "rev-parse", "HEAD"], repo)
+    commit = command_output(["git", "rev-parse", "HEAD"], repo)
     if commit is None:
         return {"commit": None, "dirty": None, "note": "not a git checkout"}
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], repo) or ""
-    remote = _run(["git", "remote", "get-url", "origin"], repo)
+    status = command_output(["git", "status", "--porcelain", "--untracked-files=no"], repo) or ""
+    remote = command_output(["git", "remote", "get-url", "origin"], repo)
     return {
         "commit": commit,
         "dirty": bool(status),
-        "branch": _run(["git", "branch", "--show-current"], repo),
+        "branch": command_output(["git", "branch", "--show-current"], repo),
         "remote": scrub(remote) if remote else None,
     }
 
@@ -85,7 +77,7 @@ def versions(device: str | None = None) -> dict[str, Any]:
 
 
 def _git_user(repo: Path | None) -> str | None:
-    return _run(["git", "config", "user.name"], repo) or None
+    return command_output(["git", "config", "user.name"], repo) or None
 
 
 def agent(repo: Path | None) -> dict[str, str]:

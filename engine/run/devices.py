@@ -61,9 +61,10 @@ def peak_memory_mib(path: Path) -> dict[str, float] | None:
     return peaks or None
 
 
-def _output(cmd: list[str]) -> str | None:
+def command_output(cmd: list[str], cwd: Path | None = None) -> str | None:
+    """A tool's stdout, stripped; None where it is missing, fails or hangs (records say "unknown")."""
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -81,11 +82,12 @@ def hardware() -> dict[str, Any]:
     allocation from runs of two, and its GPUs (name, memory, driver), NPUs, or CPU. Read by the launch
     itself: a record written later elsewhere (a provenance rule on a login node) would name another."""
     host = {"host": socket.gethostname()}
-    gpus = _output(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"])
+    query = "--query-gpu=name,memory.total,driver_version"
+    gpus = command_output(["nvidia-smi", query, "--format=csv,noheader"])
     if gpus:
         rows = [line.strip() for line in gpus.splitlines() if line.strip()]
         return host | {"accelerator": "gpu", "count": len(rows), "devices": rows}
-    npus = _output(["npu-smi", "info", "-l"])
+    npus = command_output(["npu-smi", "info", "-l"])
     if npus:
         return host | {"accelerator": "npu", "count": npus.count("NPU ID"), "npu_smi": npus.splitlines()[:40]}
     model = next(
