@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SAVED_AT_4 = ROOT / "docs/records/h200-vllm-2026-12-01/smoke"  # 4 steps, checkpoint at step 4
 NO_SAVE = ROOT / "docs/records/h200-levers-2026-12-04b/grpo/vllm"  # 4 steps, --levers fast, save_freq -1
 HF_H100 = ROOT / "docs/records/h100-rollout-2026-12-06/grpo/hf"  # the hf side of the same batch, an H100
+ONE_ALLOCATION = ROOT / "docs/records/h100-rollout-2026-12-06b"  # both sides and fast-text, one H100
 H100 = {"host": "gpu-a", "accelerator": "gpu", "count": 1, "devices": ["NVIDIA H100 80GB HBM3, 81559 MiB"]}
 
 
@@ -127,3 +128,28 @@ def test_the_hf_rollout_on_a_gpu_machine_is_its_cpu_generation_and_weight_copy()
     assert (phases["gen"] + phases["update_weights"]) / phases["step"] > 0.9
     assert phases["update_actor"] < 1.0 and phases["old_log_prob"] < 1.0
     assert run["batch"] == rollout_ratio.summarize_run(RunDir(NO_SAVE), first=2)["batch"]  # one batch
+
+
+def test_the_one_allocation_record_replays_to_its_own_ratio(tmp_path: Path) -> None:
+    """Both rollouts of one H100 allocation: the ratio recomputed from the kept metrics is the one the
+    machine wrote, on one machine and one batch; the fast-text run of the same batch passed its gates."""
+    out = tmp_path / "ratio.json"
+    cmd = [sys.executable, "-m", "benchmarks.rollout_ratio", "--json", str(out)]
+    sides = [str(ONE_ALLOCATION / "grpo" / side) for side in ("hf", "vllm")]
+    done = subprocess.run([*cmd, *sides], cwd=ROOT, text=True, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    replayed = json.loads(out.read_text())
+    kept = json.loads((ONE_ALLOCATION / "rollout-ratio.json").read_text())  # written on the machine
+    assert replayed["same_machine"] is True and kept["same_machine"] is True
+    assert replayed["ratios"] == pytest.approx(kept["ratios"])
+    hf, vllm = (_step_times(Path(side)) for side in sides)
+    assert replayed["ratios"]["step"] == pytest.approx(
+        statistics.median([hf[s] for s in (2, 3, 4)]) / statistics.median([vllm[s] for s in (2, 3, 4)])
+    )
+
+    text = rollout_ratio.summarize_run(RunDir(ONE_ALLOCATION / "grpo" / "vllm-fast-text"), first=2)
+    assert set(text["gates"].values()) <= {"pass", "skip"}
+    assert text["gates"]["rollout_actor_agreement"] == "pass"
+    assert {"model.attn_implementation=torch_varlen", "model.text_only=true"} <= set(text["sets"])
+    vllm_side = replayed["runs"]["vllm"]
+    assert text["batch"] == vllm_side["batch"] and text["hardware"] == vllm_side["hardware"]
