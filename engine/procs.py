@@ -34,6 +34,15 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 REAP_TIMEOUT_S = 30.0  # processes still alive after this long are reported, not waited on
 
 
+def command_output(cmd: list[str], cwd: Path | None = None) -> str | None:
+    """A tool's stdout, stripped; None where it is missing, fails or hangs (records say "unknown")."""
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
 def _prctl() -> Callable[..., int] | None:
     if not sys.platform.startswith("linux"):
         return None

@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -23,6 +22,7 @@ from packaging.version import InvalidVersion, Version
 
 from engine import fsutil, paths
 from engine.errors import ArgumentParser, UserError
+from engine.procs import command_output
 
 STACK_ENV = "ENGINE_STACK"  # stack baked into an image; `cpu` (this repository's dev/CI venv) otherwise
 DEFAULT_STACK = "cpu"
@@ -133,10 +133,7 @@ def _git_head(directory: Path) -> str | None:
     """HEAD of a git checkout that holds the package (the PYTHONPATH style of install)."""
     for parent in (directory, *directory.parents):
         if (parent / ".git").exists():
-            result = subprocess.run(
-                ["git", "-C", str(parent), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-            )
-            return result.stdout.strip() or None if result.returncode == 0 else None
+            return command_output(["git", "-C", str(parent), "rev-parse", "HEAD"]) or None
     return None
 
 

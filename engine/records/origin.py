@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import UserError
-from engine.run.devices import command_output
+from engine.procs import command_output
 from engine.run.redact import scrub
 
 

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from engine.procs import command_output
+
 QUERY = "timestamp,index,memory.used,utilization.gpu"
 INTERVAL_MS = 500
 
@@ -59,15 +61,6 @@ def peak_memory_mib(path: Path) -> dict[str, float] | None:
                 continue  # a row cut off when the sampler stopped
             peaks[row["index"]] = max(peaks.get(row["index"], 0.0), used)
     return peaks or None
-
-
-def command_output(cmd: list[str], cwd: Path | None = None) -> str | None:
-    """A tool's stdout, stripped; None where it is missing, fails or hangs (records say "unknown")."""
-    try:
-        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def _read(path: str) -> str:
