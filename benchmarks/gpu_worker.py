@@ -19,10 +19,10 @@ from benchmarks.gpu_bench import (
     build_parser,
     flops_params,
     model_tag,
-    run_slug,
     shapes_of,
 )
-from benchmarks.host_syncs import HOST_READS, sync_sites
+from benchmarks.host_syncs import profile_step
+from benchmarks.phase_clock import PhaseClock, phase_lines
 from engine.env.pins import dist_version
 from engine.recipes.levers import (
     LOGPROBS_ENV,
@@ -95,7 +95,9 @@ def _vision_stepped(module: Any, optimizer: Any) -> bool | None:
     return any(p in optimizer.state for p in tower) if tower else None
 
 
-def _plain_step_fn(model_path: str, args: argparse.Namespace, device: Any) -> tuple[Any, int, Any]:
+def _plain_step_fn(
+    model_path: str, args: argparse.Namespace, device: Any, clock: PhaseClock
+) -> tuple[Any, int, Any]:
     """Our own FSDP2: one fully_shard per decoder layer, bf16 compute, fp32 master weights, fused AdamW."""
     import torch
     import transformers
@@ -109,16 +111,21 @@ def _plain_step_fn(model_path: str, args: argparse.Namespace, device: Any) -> tu
         fully_shard(layer, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device.type == "cuda")
+    clock.attach(model, optim)
     vocab = config.get_text_config().vocab_size
     rank = int(os.environ.get("RANK", "0"))
 
     def step(index: int, shape: Shape) -> int:
+        clock.begin_step()
         batch, mbs, seq = shape
         ids = _batch(vocab, batch, seq, device, 1000 * rank + index)
         for micro in ids.split(mbs):
-            model(input_ids=micro, labels=micro).loss.backward()
+            loss = model(input_ids=micro, labels=micro).loss
+            clock.mark("backward")
+            loss.backward()
         optim.step()
         optim.zero_grad(set_to_none=True)
+        clock.end_step()
         return ids.numel()
 
     return step, flops_params(config), lambda: {"model": model_tag(config)} | applied_settings(model, optim)
@@ -219,7 +226,9 @@ def verl_batch(ids: Any, mask: Any, advantages: Any, world: int, mbs: int, packe
     return td
 
 
-def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tuple[Any, int, Any]:
+def _verl_step_fn(
+    model_path: str, args: argparse.Namespace, packed: bool, clock: PhaseClock
+) -> tuple[Any, int, Any]:
     """verl's FSDP2 engine as its GRPO actor update drives it: train_batch with ppo_loss."""
     from functools import partial
 
@@ -242,10 +251,11 @@ def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tu
         model_path, packed, first_mbs, first_seq, args.recompute, args.levers
     )
     actor = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=first_mbs)
-    loss_fn = partial(ppo_loss, config=actor)
+    loss_fn = clock.attach(engine.module, engine.optimizer, partial(ppo_loss, config=actor))
     vocab = model_config.hf_config.get_text_config().vocab_size
 
     def step(index: int, shape: Shape) -> int:
+        clock.begin_step()
         batch, mbs, seq = shape
         half = seq // 2
         ids = _batch(vocab, batch, seq, "cpu", 1000 * rank + index)
@@ -253,6 +263,7 @@ def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tu
         td = verl_batch(ids, mask, torch.randn(batch, seq - half), world, mbs, packed)
         with engine.train_mode():
             engine.train_batch(td, loss_function=loss_fn)
+        clock.end_step()
         return int(mask.sum())
 
     tag = model_tag(model_config.hf_config)
@@ -261,43 +272,10 @@ def _verl_step_fn(model_path: str, args: argparse.Namespace, packed: bool) -> tu
     return step, flops_params(model_config.hf_config), settings
 
 
-def _profile_step(
-    step: Any, index: int, shape: Shape, args: argparse.Namespace, mode: str, cuda: bool
-) -> None:
-    """One more step under torch.profiler, after the timed ones (their figures stay the profiler's cost
-    free): top operators by device and host time, and the operator count: where a step goes."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    started = time.perf_counter()
-    verbose = torch._C._profiler._ExperimentalConfig(verbose=True)  # Python frames on the operators
-    with profile(activities=activities, with_stack=True, experimental_config=verbose) as profiler:
-        step(index, shape)
-        if cuda:
-            torch.cuda.synchronize()
-    wall_ms = 1000 * (time.perf_counter() - started)
-    if int(os.environ.get("RANK", "0")) != 0:
-        return
-    averages = profiler.key_averages()
-    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
-    calls = sum(event.count for event in averages)
-    batch, mbs, seq = shape
-    text = f"# {mode}/{args.kernels[0]} b{batch} mbs{mbs} s{seq}: {calls} operator calls, "
-    text += f"{wall_ms:.0f} ms wall under the profiler\n"
-    text += averages.table(sort_by=sort, row_limit=40, max_name_column_width=70)
-    if cuda:
-        text += "\n" + averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)
-        text += "\n" + sync_sites(profiler)
-    else:  # no device to wait for: where the host reads tensor data, which on a GPU is a sync
-        title = "host reads of tensor data (syncs where the data is on a GPU)"
-        text += "\n" + sync_sites(profiler, HOST_READS, limit=25, title=title, waits=False)
-    args.profile.mkdir(parents=True, exist_ok=True)
-    (args.profile / f"{run_slug(mode, args.kernels[0], args, shape, args.levers[0])}.txt").write_text(text)
-
-
-def _measure(step: Any, shape: Shape, first: int, args: argparse.Namespace, cuda: bool) -> tuple[int, float]:
-    """Warm-up steps, then the timed ones: (non-padding tokens per rank, seconds per step)."""
+def _measure(
+    step: Any, shape: Shape, first: int, args: argparse.Namespace, cuda: bool, clock: PhaseClock
+) -> tuple[int, float]:
+    """Warm-up steps, then the timed ones, their phases clocked: (non-padding tokens per rank, s/step)."""
     import torch
     import torch.distributed as dist
 
@@ -308,9 +286,11 @@ def _measure(step: Any, shape: Shape, first: int, args: argparse.Namespace, cuda
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     dist.barrier()
+    clock.start()
     start = time.perf_counter()
     real_tokens = sum(step(first + args.warmup + index, shape) for index in range(args.steps))
     sync()
+    clock.stop()
     dist.barrier()
     return real_tokens, (time.perf_counter() - start) / args.steps
 
@@ -373,20 +353,21 @@ def worker_main(argv: list[str]) -> int:
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
-    mode = args.modes[0]
+    mode, clock = args.modes[0], PhaseClock(cuda)
     if mode == "plain":
-        step, n_params, settings = _plain_step_fn(str(args.model), args, device)
+        step, n_params, settings = _plain_step_fn(str(args.model), args, device, clock)
     else:
-        step, n_params, settings = _verl_step_fn(str(args.model), args, packed=mode == "verl-packed")
+        step, n_params, settings = _verl_step_fn(str(args.model), args, mode == "verl-packed", clock)
     shapes = shapes_of(args)
     for number, shape in enumerate(shapes):
-        tokens, elapsed = _measure(step, shape, 100 * number, args, cuda)
-        row = _row(shape, tokens, elapsed, n_params, args) | settings()
+        tokens, elapsed = _measure(step, shape, 100 * number, args, cuda, clock)
+        row = _row(shape, tokens, elapsed, n_params, args) | settings() | {"phases": clock.summary()}
         if dist.get_rank() == 0:
+            print(f"phases of {mode} {shape}:\n{phase_lines(row['phases'])}", flush=True)
             with open(args.out, "a") as handle:
                 handle.write(json.dumps(row) + "\n")
     if args.profile is not None:
-        _profile_step(step, 100 * len(shapes), shapes[-1], args, mode, cuda)
+        profile_step(step, 100 * len(shapes), shapes[-1], args, mode, cuda)
     dist.destroy_process_group()
     return 0
 

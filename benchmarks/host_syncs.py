@@ -1,11 +1,17 @@
 """Where a profiled step makes the host wait for the device: sync calls (or, on a CPU, the host reads
-that would be syncs on a GPU) grouped by the operator and Python frames they come from. Used by the
-profiles of `benchmarks.gpu_bench run --profile`; the profile must record stacks
-(`with_stack=True`, `experimental_config=_ExperimentalConfig(verbose=True)`)."""
+that would be syncs on a GPU) grouped by the operator and Python frames they come from, at the end of
+the profile `profile_step` writes for `benchmarks.gpu_bench run --profile` (it records the stacks this
+needs: `with_stack=True`, `experimental_config=_ExperimentalConfig(verbose=True)`). Under the profiler
+the host runs several times slower; what the host costs the timed steps is benchmarks.phase_clock's."""
 
 from __future__ import annotations
 
+import argparse
+import os
+import time
 from typing import Any
+
+from benchmarks.gpu_bench import Shape, run_slug
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 # operators that read tensor data back to the host (.item(), bool(), data-dependent shapes)
@@ -59,3 +65,38 @@ def sync_sites(
         lines.append(f"{calls_made:6d} x {name}" + (f", {ms:.1f} ms" if waits else ""))
         lines += [f"           {frame}" for frame in stack]
     return "\n".join(lines) + "\n"
+
+
+def profile_step(
+    step: Any, index: int, shape: Shape, args: argparse.Namespace, mode: str, cuda: bool
+) -> None:
+    """One more step under torch.profiler, after the timed ones (their figures stay the profiler's cost
+    free): top operators by device and host time, and the operator count: where a step goes."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    started = time.perf_counter()
+    verbose = torch._C._profiler._ExperimentalConfig(verbose=True)  # Python frames on the operators
+    with profile(activities=activities, with_stack=True, experimental_config=verbose) as profiler:
+        step(index, shape)
+        if cuda:
+            torch.cuda.synchronize()
+    wall_ms = 1000 * (time.perf_counter() - started)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    averages = profiler.key_averages()
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    calls = sum(event.count for event in averages)
+    batch, mbs, seq = shape
+    text = f"# {mode}/{args.kernels[0]} b{batch} mbs{mbs} s{seq}: {calls} operator calls, "
+    text += f"{wall_ms:.0f} ms wall under the profiler\n"
+    text += averages.table(sort_by=sort, row_limit=40, max_name_column_width=70)
+    if cuda:
+        text += "\n" + averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)
+        text += "\n" + sync_sites(profiler)
+    else:  # no device to wait for: where the host reads tensor data, which on a GPU is a sync
+        title = "host reads of tensor data (syncs where the data is on a GPU)"
+        text += "\n" + sync_sites(profiler, HOST_READS, limit=25, title=title, waits=False)
+    args.profile.mkdir(parents=True, exist_ok=True)
+    (args.profile / f"{run_slug(mode, args.kernels[0], args, shape, args.levers[0])}.txt").write_text(text)

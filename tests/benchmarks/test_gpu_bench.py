@@ -190,6 +190,13 @@ def test_one_process_group_measures_each_shape_and_profiles_a_step(tmp_path: Pat
     assert code == 0 and [(r["batch"], r["mbs"], r["seq"]) for r in rows] == [(2, 1, 32), (2, 2, 32)]
     assert all(r["tokens_per_s"] > 0 and r["step_ms"] > 0 for r in rows)
     assert rows[0]["flops_params"] == gpu_bench.flops_params(transformers.AutoConfig.from_pretrained(model))
+    # the timed step's phases, clocked on the host (a CPU has no device clock): one micro-batch of the
+    # first shape is two forwards, and the phases cover the step
+    for row in rows:
+        assert list(row["phases"]) == ["prepare", "forward", "loss", "backward", "optimizer", "finish"]
+        assert all(list(figures) == ["host_ms"] for figures in row["phases"].values())
+        covered = sum(figures["host_ms"] for figures in row["phases"].values())
+        assert 0.8 * row["step_ms"] <= covered <= 1.01 * row["step_ms"], (covered, row["step_ms"])
     profile = next((tmp_path / "prof").glob("plain.torch.*.b2.m2.s32.*.txt")).read_text()
     assert "operator calls" in profile.splitlines()[0]
     assert "# host reads of tensor data (syncs where the data is on a GPU): " in profile  # on a CPU
@@ -248,6 +255,14 @@ def test_lever_rows_run_verl_engine_with_the_lever_applied(tmp_path: Path) -> No
     )
     summary = out.with_suffix(".md").read_text()
     assert "| verl-padded +fast-bf16-reduce | torch | 2/1/32 | 1 ok, 0 failed |" in summary
+    # verl's train_batch clocked by the model's, the loss's and the optimizer's hooks: the optimizer
+    # phase (its step) and backward (backward and the clip) are there, and the phases cover the step
+    for row in rows.values():
+        phases = row["phases"]
+        assert list(phases) == ["prepare", "forward", "loss", "backward", "optimizer", "finish"], phases
+        covered = sum(figures["host_ms"] for figures in phases.values())
+        assert 0.8 * row["step_ms"] <= covered <= 1.01 * row["step_ms"], (covered, row["step_ms"])
+        assert phases["backward"]["host_ms"] > phases["finish"]["host_ms"]
 
 
 def _site_a(x: object) -> object:
