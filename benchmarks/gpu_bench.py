@@ -29,6 +29,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.phase_clock import phases_table
 from engine import errors, fsutil, procs
 from engine.errors import ArgumentParser, UserError
 from engine.recipes.levers import lever_names
@@ -416,7 +417,8 @@ def cli_main(argv: list[str]) -> int:
     console.print(table)
     md = args.out.with_suffix(".md")
     summary = summary_table(summarize(rows))
-    fsutil.atomic_write(md, markdown_table(rows) + "\n" + summary)
+    clocked = [(f"{_run_name(r)} {_shape(r)} #{r.get('repeat', 1)}", r.get("phases")) for r in rows]
+    fsutil.atomic_write(md, markdown_table(rows) + "\n" + summary + phases_table(clocked))
     console.print(summary)
     return 0 if all("error" not in r for r in rows) else 1
 

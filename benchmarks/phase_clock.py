@@ -123,3 +123,28 @@ def phase_lines(phases: dict[str, dict[str, float]]) -> str:
             line += f", device {figures['device_ms']:8.2f} ms, lag at its end {figures['lag_ms']:7.2f} ms"
         lines.append(line)
     return "\n".join(lines)
+
+
+def phases_table(named: list[tuple[str, dict[str, dict[str, float]]]]) -> str:
+    """A markdown table of rows' phases, one row each: host ms, and with a device clock device ms and
+    the lag at the phase's end; empty when no row was clocked."""
+    named = [(name, phases) for name, phases in named if phases]
+    if not named:
+        return ""
+    columns = [p for p in PHASES if any(p in phases for _, phases in named)]
+    head = "| run | " + " | ".join(columns) + " |\n|---|" + "---|" * len(columns) + "\n"
+    body = []
+    for name, phases in named:
+        cells = []
+        for phase in columns:
+            figures = phases.get(phase)
+            if figures is None:
+                cells.append("-")
+            elif "device_ms" in figures:
+                host, device, lag = figures["host_ms"], figures["device_ms"], figures["lag_ms"]
+                cells.append(f"{host:.1f} / {device:.1f} ({lag:.1f})")
+            else:
+                cells.append(f"{figures['host_ms']:.1f}")
+        body.append(f"| {name} | " + " | ".join(cells) + " |")
+    legend = "\nPhases of the timed steps, ms a step: host / device (the device's lag at the phase's end)\n\n"
+    return legend + head + "\n".join(body) + "\n"

@@ -263,6 +263,8 @@ def test_lever_rows_run_verl_engine_with_the_lever_applied(tmp_path: Path) -> No
         covered = sum(figures["host_ms"] for figures in phases.values())
         assert 0.8 * row["step_ms"] <= covered <= 1.01 * row["step_ms"], (covered, row["step_ms"])
         assert phases["backward"]["host_ms"] > phases["finish"]["host_ms"]
+    assert "| run | prepare | forward | loss | backward | optimizer | finish |" in summary
+    assert "| verl-padded +fast 2/1/32 #1 | " in summary
 
 
 def _site_a(x: object) -> object:
