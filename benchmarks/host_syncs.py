@@ -7,7 +7,9 @@ the host runs several times slower; what the host costs the timed steps is bench
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
+import shutil
 import time
 from typing import Any
 
@@ -70,8 +72,11 @@ def sync_sites(
 def profile_step(
     step: Any, index: int, shape: Shape, args: argparse.Namespace, mode: str, cuda: bool
 ) -> None:
-    """One more step under torch.profiler, after the timed ones (their figures stay the profiler's cost
-    free): top operators by device and host time, and the operator count: where a step goes."""
+    """Two more steps under torch.profiler, after the timed ones (their figures stay the profiler's cost
+    free). The first records Python stacks: top operators by device and host time, the operator count,
+    the host syncs by call site (`SLUG.txt`). The second records no stacks, so the host runs closer to
+    its own pace, and keeps the timeline (`SLUG.trace.json.gz`, for chrome://tracing or Perfetto): where
+    the device idles between kernels and what the host was launching then."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -83,8 +88,19 @@ def profile_step(
         if cuda:
             torch.cuda.synchronize()
     wall_ms = 1000 * (time.perf_counter() - started)
+    with profile(activities=activities) as timeline:
+        step(index + 1, shape)
+        if cuda:
+            torch.cuda.synchronize()
     if int(os.environ.get("RANK", "0")) != 0:
         return
+    slug = run_slug(mode, args.kernels[0], args, shape, args.levers[0])
+    args.profile.mkdir(parents=True, exist_ok=True)
+    trace = args.profile / f"{slug}.trace.json"
+    timeline.export_chrome_trace(str(trace))
+    with trace.open("rb") as raw, gzip.open(trace.with_suffix(".json.gz"), "wb") as packed:
+        shutil.copyfileobj(raw, packed)
+    trace.unlink()
     averages = profiler.key_averages()
     sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     calls = sum(event.count for event in averages)
@@ -98,5 +114,4 @@ def profile_step(
     else:  # no device to wait for: where the host reads tensor data, which on a GPU is a sync
         title = "host reads of tensor data (syncs where the data is on a GPU)"
         text += "\n" + sync_sites(profiler, HOST_READS, limit=25, title=title, waits=False)
-    args.profile.mkdir(parents=True, exist_ok=True)
-    (args.profile / f"{run_slug(mode, args.kernels[0], args, shape, args.levers[0])}.txt").write_text(text)
+    (args.profile / f"{slug}.txt").write_text(text)

@@ -173,6 +173,7 @@ def test_parse_shapes_and_bad_shapes(tmp_path: Path) -> None:
 def test_one_process_group_measures_each_shape_and_profiles_a_step(tmp_path: Path) -> None:
     """The real worker on the CPU (gloo): the plain FSDP2 row of the small MoE at two shapes, one row each,
     then a profiled step; MFU's N is the MoE's active count."""
+    import gzip
     import json
 
     import transformers
@@ -200,6 +201,10 @@ def test_one_process_group_measures_each_shape_and_profiles_a_step(tmp_path: Pat
     profile = next((tmp_path / "prof").glob("plain.torch.*.b2.m2.s32.*.txt")).read_text()
     assert "operator calls" in profile.splitlines()[0]
     assert "# host reads of tensor data (syncs where the data is on a GPU): " in profile  # on a CPU
+    # the timeline of a step profiled without stacks, for a trace viewer
+    [trace] = (tmp_path / "prof").glob("plain.torch.*.b2.m2.s32.*.trace.json.gz")
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    assert any(e.get("cat") == "cpu_op" and e.get("name") == "aten::mm" for e in events)
 
 
 def test_levers_multiply_the_verl_rows_only(tmp_path: Path) -> None:
