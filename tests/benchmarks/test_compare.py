@@ -40,6 +40,13 @@ SEEDS = {  # baseline file -> (records it was made from, model tag of their rows
         [f"docs/records/h100-moe-lean-2026-12-06/bench/{stage}.jsonl" for stage in ("moe-lean", "moe-base")],
         None,
     ),
+    "h100-2026-12-07-lean-phases.json": (
+        [
+            f"docs/records/h100-lean-phases-2026-12-07/bench/{stage}.jsonl"
+            for stage in ("moe-lean", "dense-varlen")
+        ],
+        None,
+    ),
 }
 OLD_MOE = compare.BASELINES / "h200-2026-12-01-moe-35b-a3b-6l.json"
 OLD_DENSE = compare.BASELINES / "h200-2026-12-01-dense-0p8b.json"
