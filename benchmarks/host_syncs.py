@@ -7,9 +7,7 @@ the host runs several times slower; what the host costs the timed steps is bench
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
-import shutil
 import time
 from typing import Any
 
@@ -96,11 +94,7 @@ def profile_step(
         return
     slug = run_slug(mode, args.kernels[0], args, shape, args.levers[0])
     args.profile.mkdir(parents=True, exist_ok=True)
-    trace = args.profile / f"{slug}.trace.json"
-    timeline.export_chrome_trace(str(trace))
-    with trace.open("rb") as raw, gzip.open(trace.with_suffix(".json.gz"), "wb") as packed:
-        shutil.copyfileobj(raw, packed)
-    trace.unlink()
+    timeline.export_chrome_trace(str(args.profile / f"{slug}.trace.json.gz"))  # torch gzips by the suffix
     averages = profiler.key_averages()
     sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     calls = sum(event.count for event in averages)
