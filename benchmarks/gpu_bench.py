@@ -34,6 +34,7 @@ from engine import errors, fsutil, procs
 from engine.errors import ArgumentParser, UserError
 from engine.recipes.levers import lever_names
 from engine.recipes.params import count_text_params
+from engine.runtime.syncs import CHOICES as HOST_SYNCS_CHOICES
 from engine.runtime.syncs import ENV as HOST_SYNCS_ENV
 
 console = Console(stderr=True, highlight=False)
@@ -212,9 +213,9 @@ def _run_name(row: dict[str, Any]) -> str:
     verl_logprobs = row.get("logprobs") == "verl" and row["mode"] != "plain"
     lever = row.get("levers") or "baseline"
     name = row["mode"] + (f" +{lever}" if lever != "baseline" else "")
-    verl_syncs = row.get("host_syncs") == "verl" and row["mode"] != "plain"
+    syncs = row.get("host_syncs") or "lean"
     name += " (verl log-probs)" if verl_logprobs else ""
-    return name + (" (verl host syncs)" if verl_syncs else "")
+    return name + (f" ({syncs} host syncs)" if syncs != "lean" and row["mode"] != "plain" else "")
 
 
 def _shape(row: dict[str, Any]) -> str:
@@ -338,10 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--host-syncs",
-        choices=("lean", "verl"),
+        choices=HOST_SYNCS_CHOICES,
         default="lean",
-        help="verl rows: engine.runtime.syncs' replacements with fewer host reads (what `engine run` uses) "
-        "or verl's own code",
+        help="verl rows: engine.runtime.syncs' replacements with fewer host reads (what `engine run` uses), "
+        "verl's own code, or the replacements with the step's reads at its end (engine.runtime.reads)",
     )
     run.add_argument(
         "--fill",

@@ -31,7 +31,7 @@ from engine.recipes.levers import (
     logprobs_kernel,
     text_only,
 )
-from engine.runtime import syncs
+from engine.runtime import reads, syncs
 from engine.runtime.kernels import LOGPROBS_CALLS, select_kernels
 
 
@@ -240,9 +240,9 @@ def _verl_step_fn(
         from engine.runtime.kernels import install_token_logprobs
 
         install_token_logprobs()
-    if args.host_syncs == "lean":  # engine.runtime.syncs, as engine.verl_ext installs it
+    if args.host_syncs != "verl":  # engine.runtime.syncs, as engine.verl_ext installs it
         syncs.install_host_syncs()
-    if syncs.installed() != (args.host_syncs == "lean"):  # the extension decides by the environment
+    if syncs.installed() != (args.host_syncs != "verl") or syncs.selected() != args.host_syncs:
         raise RuntimeError(f"--host-syncs {args.host_syncs} and {syncs.ENV}={syncs.selected()} disagree")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -250,6 +250,8 @@ def _verl_step_fn(
     engine, model_config = build_verl_engine(
         model_path, packed, first_mbs, first_seq, args.recompute, args.levers
     )
+    if reads.installed() != (args.host_syncs == "deferred"):
+        raise RuntimeError(f"--host-syncs {args.host_syncs}: verl's engine steps are not what it names")
     actor = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_micro_batch_size_per_gpu=first_mbs)
     loss_fn = clock.attach(engine.module, engine.optimizer, partial(ppo_loss, config=actor))
     vocab = model_config.hf_config.get_text_config().vocab_size

@@ -20,11 +20,12 @@ shape and gradients are bitwise verl's; what changes is where the host learns th
   from the device once per layer and micro-batch, although verl passes the host copy `cu_seqlens_cpu`
   too. The plain packed case reads it there; every other case is verl's own function.
 
-Left as verl has them (read by verl or transformers in the middle of a function this module would have
-to copy whole): the loss and metric `.item()`s, the token count, the grad norm's finiteness check.
+Left as verl has them here: the token count, and (unless `ENGINE_HOST_SYNCS=deferred`, which
+engine.runtime.reads adds) the loss and metric `.item()`s and the grad norm's finiteness check.
 
 `install_host_syncs` puts the replacements in place (`engine.verl_ext` does, in every verl process);
-`ENGINE_HOST_SYNCS=verl` keeps verl's own code, to compare the two (`benchmarks.gpu_bench --host-syncs`).
+`ENGINE_HOST_SYNCS=verl` keeps verl's own code, to compare (`benchmarks.gpu_bench --host-syncs`);
+`deferred` adds the per-step reads moved to the step's end (engine.runtime.reads).
 """
 
 from __future__ import annotations
@@ -39,14 +40,15 @@ from typing import Any
 from engine.runtime.kernels import QWEN35_MODULES, when_imported
 
 ENV = "ENGINE_HOST_SYNCS"
-CHOICES = ("lean", "verl")  # lean: the replacements (the default); verl: verl's own code
+# lean: the replacements (the default); verl: verl's own code; deferred: lean + engine.runtime.reads
+CHOICES = ("lean", "verl", "deferred")
 PADDING = "verl.workers.utils.padding"
 TORCH_FUNCTIONAL = "verl.utils.torch_functional"
 QWEN3_5 = "verl.models.transformers.qwen3_5"
 
 
 def selected() -> str:
-    """`lean` unless `ENGINE_HOST_SYNCS` says `verl`; another value is an error."""
+    """`lean` unless `ENGINE_HOST_SYNCS` says `verl` or `deferred`; another value is an error."""
     value = os.environ.get(ENV, "").strip() or "lean"
     if value not in CHOICES:
         raise ValueError(f"{ENV}={value!r}: choose one of {', '.join(CHOICES)} or unset it")
@@ -228,12 +230,21 @@ def replace(module: ModuleType) -> None:
 @functools.cache
 def install_host_syncs() -> str | None:
     """The replacements, in each verl module when it is imported (now, if it is already), unless
-    `ENGINE_HOST_SYNCS=verl`. Once per process. Returns what was replaced."""
-    if selected() == "verl":
+    `ENGINE_HOST_SYNCS=verl`; with `deferred`, engine.runtime.reads too. Once per process. Returns what
+    was replaced."""
+    choice = selected()
+    if choice == "verl":
         return None
     for module_name in REPLACEMENTS:
         when_imported(module_name, replace)
-    return ", ".join(f"{m}.{name} -> {__name__}.{name}" for m, (name, _) in REPLACEMENTS.items())
+    done = ", ".join(f"{m}.{name} -> {__name__}.{name}" for m, (name, _) in REPLACEMENTS.items())
+    if choice == "deferred":
+        from engine.runtime import reads
+
+        for module_name in (reads.METRIC, reads.CORE_ALGOS, reads.IMPL):
+            when_imported(module_name, reads.install)
+        done += f", {reads.IMPL}.FSDPEngine steps -> {reads.__name__}"
+    return done
 
 
 def installed() -> bool:

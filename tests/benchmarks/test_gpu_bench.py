@@ -272,6 +272,29 @@ def test_lever_rows_run_verl_engine_with_the_lever_applied(tmp_path: Path) -> No
     assert "| verl-padded +fast 2/1/32 #1 | " in summary
 
 
+def test_deferred_rows_step_verls_engine_with_its_reads_at_the_end(tmp_path: Path) -> None:
+    """`--host-syncs deferred`: the worker steps verl's engine with engine.runtime.reads in place (it
+    refuses to run otherwise), the row and its file name say so, and the phase clock still covers the
+    step (its optimizer phase: fused AdamW told of a non-finite norm on the device)."""
+    import json
+
+    model = random_model.make_model(tmp_path / "moe", small=True, model="Qwen3.5-35B-A3B-6L")
+    out = tmp_path / "rows.jsonl"
+    code = gpu_bench.cli_main(
+        [
+            *("run", "--model", str(model), "--modes", "verl-packed", "--kernels", "torch"),
+            *("--levers", "fast", "--shapes", "2/1/32", "--steps", "1", "--warmup", "1"),
+            *("--host-syncs", "deferred", "--out", str(out)),
+        ]
+    )
+    (row,) = map(json.loads, out.read_text().splitlines())
+    assert code == 0 and row["host_syncs"] == "deferred" and row["optimizer_kernel"] == "fused"
+    covered = sum(figures["host_ms"] for figures in row["phases"].values())
+    assert 0.8 * row["step_ms"] <= covered <= 1.01 * row["step_ms"], (covered, row["step_ms"])
+    assert list(tmp_path.glob("rows.*.syncs-deferred.r1.log"))
+    assert "| verl-packed +fast (deferred host syncs) | torch |" in out.with_suffix(".md").read_text()
+
+
 def _site_a(x: object) -> object:
     import torch
 

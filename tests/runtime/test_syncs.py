@@ -371,7 +371,11 @@ def which(forward):
 layer = next(m for m in model.modules() if type(m).__name__ == "Qwen3_5GatedDeltaNet")
 found = [which(dense.Qwen3_5GatedDeltaNet.forward), which(moe.Qwen3_5MoeGatedDeltaNet.forward)]
 found.append(which(type(layer).forward))
-print(json.dumps({"found": found, "installed": syncs.installed()}))
+import verl.workers.engine.fsdp.transformer_impl  # verl's engine, imported after the switch was read
+from verl.trainer.ppo.core_algos import get_policy_loss_fn
+from engine.runtime import reads
+deferred = [reads.installed(), get_policy_loss_fn("vanilla") is reads.vanilla_policy_loss]
+print(json.dumps({"found": found, "installed": syncs.installed(), "deferred": deferred}))
 """
 
 
@@ -379,7 +383,8 @@ print(json.dumps({"found": found, "installed": syncs.installed()}))
 def test_verls_monkey_patch_installs_the_forward(host_syncs: str, tmp_path: Path) -> None:
     """In a fresh process as in a verl worker: the replacements installed before verl's qwen3_5 module
     is imported, then verl's `apply_monkey_patch` on the small dense model puts ours on both classes,
-    or verl's with `ENGINE_HOST_SYNCS=verl`."""
+    or verl's with `ENGINE_HOST_SYNCS=verl`; `deferred` puts engine.runtime.reads on verl's engine and
+    policy loss when they are imported."""
     from engine.data import random_model
     from tests.conftest import ROOT
 
@@ -398,8 +403,9 @@ def test_verls_monkey_patch_installs_the_forward(host_syncs: str, tmp_path: Path
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
-    expected = "ours" if host_syncs == "lean" else "verl"
-    assert result == {"found": [expected] * 3, "installed": host_syncs == "lean"}
+    expected = "verl" if host_syncs == "verl" else "ours"
+    deferred = [host_syncs == "deferred"] * 2
+    assert result == {"found": [expected] * 3, "installed": host_syncs != "verl", "deferred": deferred}
 
 
 def test_replace_reaches_a_forward_verl_already_assigned(monkeypatch: pytest.MonkeyPatch) -> None:
