@@ -27,7 +27,8 @@ driver and in every Ray worker that inherits the environment. Importing this mod
 9. replaces three verl functions on the packed training step that read device data on the host (a sync
    each on a GPU: many per call, or once per gated-delta-net layer) with ones that compute the same
    tensors with at most one read (`engine.runtime.syncs`); `ENGINE_HOST_SYNCS=verl` keeps verl's own,
-   for comparisons.
+   for comparisons, and `deferred` also reads a training step's losses, metrics and grad norm once at
+   its end (`engine.runtime.reads`; opt-in).
 10. names `torch_varlen` in transformers' attention registry (`engine.runtime.attention`): attention per
    packed sequence with torch's varlen flash kernel, which `model.attn_implementation` (the
    `varlen-attn` lever) selects instead of SDPA under a block mask.
