@@ -4,8 +4,6 @@ of once per loss and metric; a step with a non-finite grad norm is skipped as ve
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from engine.runtime import reads, syncs
@@ -130,11 +128,3 @@ def test_defer_outside_a_step_reads_now_and_inside_keeps_one_copy() -> None:
         with reads.deferring() as inner:
             assert inner is pending
     assert reads._PENDING.get() is None
-
-
-def test_the_switch_names_deferred(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(syncs.ENV, "deferred")
-    assert syncs.selected() == "deferred"
-    monkeypatch.setenv(syncs.ENV, "later")
-    with pytest.raises(ValueError, match="choose one of lean, verl, deferred"):
-        syncs.selected()

@@ -181,8 +181,10 @@ def test_the_switch_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
     assert syncs.selected() == "lean"
     monkeypatch.setenv(syncs.ENV, "verl")
     assert syncs.selected() == "verl"
+    monkeypatch.setenv(syncs.ENV, "deferred")
+    assert syncs.selected() == "deferred"
     monkeypatch.setenv(syncs.ENV, "fast")
-    with pytest.raises(ValueError, match="choose one of lean, verl"):
+    with pytest.raises(ValueError, match="choose one of lean, verl, deferred"):
         syncs.selected()
 
 
