@@ -47,6 +47,13 @@ SEEDS = {  # baseline file -> (records it was made from, model tag of their rows
         ],
         None,
     ),
+    "h100-2026-12-07-deferred.json": (
+        [
+            f"docs/records/h100-deferred-2026-12-07/bench/{stage}.jsonl"
+            for stage in ("moe-lean", "moe-deferred", "dense-lean", "dense-deferred", "dense-ratio-deferred")
+        ],
+        None,
+    ),
 }
 OLD_MOE = compare.BASELINES / "h200-2026-12-01-moe-35b-a3b-6l.json"
 OLD_DENSE = compare.BASELINES / "h200-2026-12-01-dense-0p8b.json"

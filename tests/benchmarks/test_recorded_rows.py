@@ -1,0 +1,119 @@
+"""Replays of the GPU records kept in docs/records/: the figures the docs quote, recomputed from the rows
+the benchmark wrote (medians by gpu_bench.summarize, MFU by its formula), so a change to either shows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_bench
+
+RECORD = Path(__file__).resolve().parents[2] / "docs/records/h100-compiled-logprobs-2026-12-06/bench"
+
+
+def test_the_recorded_dense_pair_and_moe_row_against_the_trainer_targets() -> None:
+    """Replays the H100 record of 2026-12-06 (compiled-logprobs): verl's dense step with every lever at
+    >= 0.9x plain FSDP2 by the medians of three repeats, the lever's own effect, and the one-repeat MoE
+    bf16 row with every lever at the 15% MFU mark (6 x N x tokens/s / 989 TFLOP/s)."""
+    rows = [json.loads(line) for line in (RECORD / "dense-varlen.jsonl").read_text().splitlines()]
+    median = {(r["mode"], r["levers"]): r["tokens_per_s"] for r in gpu_bench.summarize(rows)}
+    plain = median[("plain", "baseline")]
+    best = median[("verl-packed", "fast+varlen-attn+text-only+compiled-logprobs")]
+    without = median[("verl-packed", "fast+varlen-attn+text-only")]
+    assert best / plain == pytest.approx(1.0075, abs=1e-3) and best / plain >= 0.9
+    assert best / without == pytest.approx(1.188, abs=1e-3)
+    assert all(r["repeat"] in (1, 2, 3) for r in rows) and len(rows) == 9
+    moe = {r["levers"]: r for r in map(json.loads, (RECORD / "moe-bf16.jsonl").read_text().splitlines())}
+    lean = moe["fast-bf16-reduce+bf16-sr-compiled+varlen-attn+text-only+compiled-logprobs"]
+    mfu = 6 * lean["flops_params"] * lean["tokens_per_s"] / 989e12
+    assert mfu == pytest.approx(lean["mfu"], abs=1e-4) and mfu == pytest.approx(0.1496, abs=1e-4)
+    assert lean["tokens_per_s"] / moe["fast-bf16-reduce+bf16-sr-compiled"]["tokens_per_s"] > 1.6
+    assert lean["vision_tower_stepped"] is False and lean["attn_implementation"] == "torch_varlen"
+
+
+def test_the_recorded_moe_repeats_against_the_mfu_target() -> None:
+    """Replays the H100 record of 2026-12-06 (moe-lean): the fastest MoE lever set over three repeats,
+    medians by gpu_bench.summarize, is at 14.8% MFU, 0.2 points short of the 15% mark (the first repeat
+    ran with a cold compile cache: 10.4%), 1.88x the compiled bf16 step without the three levers."""
+    record = RECORD.parents[1] / "h100-moe-lean-2026-12-06/bench"
+    stages = ("moe-lean", "moe-base")
+    rows = [json.loads(line) for s in stages for line in (record / f"{s}.jsonl").read_text().splitlines()]
+    median = {r["levers"]: r for r in gpu_bench.summarize(rows)}
+    lean = median["fast-bf16-reduce+bf16-sr-compiled+varlen-attn+text-only+compiled-logprobs"]
+    base = median["fast-bf16-reduce+bf16-sr-compiled"]
+    assert lean["repeats"] == base["repeats"] == 3 and lean["failed"] == base["failed"] == 0
+    flops_params = {r["flops_params"] for r in rows}
+    assert len(flops_params) == 1  # both rows count the same model
+    mfu = 6 * flops_params.pop() * lean["tokens_per_s"] / 989e12
+    assert mfu == pytest.approx(lean["mfu"], abs=1e-4) and mfu == pytest.approx(0.1479, abs=1e-4)
+    assert mfu < 0.15  # the mark, missed on this H100
+    assert lean["tokens_per_s"] / base["tokens_per_s"] == pytest.approx(1.880, abs=1e-3)
+    assert lean["peak_alloc_gib"] < base["peak_alloc_gib"]
+
+
+def test_the_recorded_lean_rows_with_their_phases() -> None:
+    """Replays the H100 record of 2026-12-07: the fastest MoE lever set at 15.3% MFU by the median of
+    three repeats (the 15% mark, on an H100: same bf16 peak as the H200 it names), verl's dense step at
+    0.96x plain FSDP2 in the same allocation, and the phase clock of every repeat. The clocks say where
+    the MoE step goes: the device idles through `prepare` (host only: lag 0 at its end), runs ahead of
+    the host in the forward and the optimizer (lag > 0), and the loss's and the clip's host reads bring
+    the host to the device (lag 0); the slow first repeat is device time, not host time."""
+    record = RECORD.parents[1] / "h100-lean-phases-2026-12-07/bench"
+    rows = [json.loads(line) for s in ("moe-lean", "dense-varlen") for line in (record / f"{s}.jsonl").open()]
+    median = {(r["mode"], r["levers"]): r for r in gpu_bench.summarize(rows)}
+    lean_set = "fast-bf16-reduce+bf16-sr-compiled+varlen-attn+text-only+compiled-logprobs"
+    lean = median[("verl-packed", lean_set)]
+    flops = {r["flops_params"] for r in rows if r["mode"] == "verl-packed" and "moe" in r["model"]}
+    mfu = 6 * flops.pop() * lean["tokens_per_s"] / 989e12
+    assert lean["repeats"] == 3 and mfu == pytest.approx(lean["mfu"], abs=1e-4) and mfu >= 0.15
+    dense = median[("verl-packed", "fast+varlen-attn+text-only+compiled-logprobs")]["tokens_per_s"]
+    assert dense / median[("plain", "baseline")]["tokens_per_s"] == pytest.approx(0.960, abs=1e-3)
+    moe = sorted((r for r in rows if "moe" in r["model"]), key=lambda r: r["repeat"])
+    for row in rows:
+        phases = row["phases"]
+        covered = sum(p["device_ms"] for p in phases.values())
+        assert covered == pytest.approx(row["step_ms"], rel=0.02)  # the clock accounts for the step
+    for row in moe:
+        phases = row["phases"]
+        assert abs(phases["prepare"]["lag_ms"]) < 0.1 and phases["prepare"]["device_ms"] > 8
+        assert phases["forward"]["lag_ms"] > 9 and phases["optimizer"]["lag_ms"] > 28
+        assert abs(phases["loss"]["lag_ms"]) < 0.1 and abs(phases["backward"]["lag_ms"]) < 0.1
+    first, steady = moe[0]["phases"], moe[2]["phases"]
+    assert first["forward"]["device_ms"] > 1.5 * steady["forward"]["device_ms"]
+    assert first["prepare"]["host_ms"] == pytest.approx(steady["prepare"]["host_ms"], rel=0.05)
+
+
+def test_the_recorded_deferred_reads_change_no_throughput() -> None:
+    """Replays the H100 record of 2026-12-07 (deferred reads): with a step's host reads at its end the MoE
+    and dense steps run at 0.979x and 0.996x their lean rows (medians of three, inside the repeats'
+    spread), so deferral stays opt-in. The clocks say why: on the dense row (fused AdamW) the clip's read
+    leaves the backward (lag 0 -> 8-11 ms) but the step was already device-bound; the MoE row's bf16 AdamW
+    keeps verl's check (lag 0 there), and in both a read still ends the loss phase (lag 0). In the same
+    process group, verl's dense step with the reads deferred is 1.02x plain FSDP2."""
+    record = RECORD.parents[1] / "h100-deferred-2026-12-07/bench"
+    stages = ("moe-lean", "moe-deferred", "dense-lean", "dense-deferred", "dense-ratio-deferred")
+    rows = {s: [json.loads(line) for line in (record / f"{s}.jsonl").open()] for s in stages}
+    median = {s: gpu_bench.summarize(r) for s, r in rows.items()}
+    assert all(m["repeats"] == 3 and m["failed"] == 0 for ms in median.values() for m in ms)
+    (moe_lean,), (moe_deferred,) = median["moe-lean"], median["moe-deferred"]
+    (dense_lean,), (dense_deferred,) = median["dense-lean"], median["dense-deferred"]
+    assert moe_deferred["host_syncs"] == dense_deferred["host_syncs"] == "deferred"
+    assert "host_syncs" not in moe_lean and "host_syncs" not in dense_lean
+    for lean, deferred, ratio in ((moe_lean, moe_deferred, 0.979), (dense_lean, dense_deferred, 0.996)):
+        change = deferred["tokens_per_s"] / lean["tokens_per_s"]
+        assert change == pytest.approx(ratio, abs=1e-3)
+        assert abs(1 - change) < max(lean["spread"], deferred["spread"])  # no effect beyond the noise
+        assert deferred["peak_alloc_gib"] == lean["peak_alloc_gib"]
+    assert moe_lean["mfu"] == pytest.approx(0.1522, abs=1e-4) and moe_lean["mfu"] >= 0.15
+    pair = {m["mode"]: m["tokens_per_s"] for m in median["dense-ratio-deferred"]}
+    assert pair["verl-packed"] / pair["plain"] == pytest.approx(1.0195, abs=1e-3)
+
+    def lags(stage: str, phase: str) -> list[float]:
+        return [r["phases"][phase]["lag_ms"] for r in rows[stage] if r["mode"] == "verl-packed"]
+
+    assert all(lag > 8 for lag in lags("dense-deferred", "backward"))
+    assert all(abs(lag) < 0.1 for lag in lags("dense-lean", "backward") + lags("moe-deferred", "backward"))
+    assert all(abs(lag) < 0.1 for stage in stages for lag in lags(stage, "loss"))
+    assert {r["optimizer"] for r in rows["moe-deferred"]} == {"engine.runtime.optim.BF16AdamW"}
