@@ -24,6 +24,15 @@ COMPILED_IMPL, COMPILED_ADAMW = "engine.runtime.optim", "BF16AdamW"
 TEXT_ONLY_ENV = "ENGINE_TEXT_ONLY"
 # the compiled-logprobs lever's switch, read where token log-probs are computed (engine.runtime.kernels)
 LOGPROBS_ENV = "ENGINE_LOGPROBS"
+# how verl's step reads the device (engine.runtime.syncs): lean (the default), verl or deferred
+HOST_SYNCS_ENV = "ENGINE_HOST_SYNCS"
+# the switches the plan writes from recipe fields: a recipe's `env` setting one would run what the record
+# (the field) does not say
+FIELD_ENV = {
+    TEXT_ONLY_ENV: "model.text_only",
+    LOGPROBS_ENV: "actor.logprobs_kernel",
+    HOST_SYNCS_ENV: "actor.host_syncs",
+}
 
 # name -> (recipe --set assignments, what it is for). Later names win where two set the same field.
 LEVERS: dict[str, tuple[dict[str, Any], str]] = {

@@ -14,6 +14,8 @@ Device = Literal["gpu", "npu", "cpu"]
 Scalar = str | int | float | bool | None
 HydraValue = Scalar | list[Any] | dict[str, Any]
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# engine.runtime.syncs reads it in verl's processes; the plan writes it from `actor.host_syncs`
+HostSyncs = Literal["lean", "verl", "deferred"]
 
 
 class Section(BaseModel):
@@ -134,6 +136,12 @@ class Actor(Section):
         description="the project's token log-probs where verl has no fused cross-entropy (no flash-attn): "
         "chunked eager fp32 passes, or compiled (two fused kernels per chunk; ENGINE_LOGPROBS=compiled, "
         "the compiled-logprobs lever, which reaches the ref and the log-prob recomputation too)",
+    )
+    host_syncs: HostSyncs = Field(
+        "lean",
+        description="how verl's trainer step reads the device from the host (ENGINE_HOST_SYNCS): lean, the "
+        "project's one-read replacements of verl's packing helpers; verl, verl's own code; deferred, lean "
+        "plus the step's losses, metrics and grad-norm check read once at its end (no gain measured)",
     )
     use_torch_compile: bool = Field(False, description="torch.compile the actor model")
     reshard_after_forward: bool = Field(

@@ -35,13 +35,14 @@ import os
 import sys
 from importlib import import_module
 from types import ModuleType
-from typing import Any
+from typing import Any, get_args
 
+from engine.recipes.levers import HOST_SYNCS_ENV as ENV
+from engine.recipes.schema import HostSyncs
 from engine.runtime.kernels import QWEN35_MODULES, when_imported
 
-ENV = "ENGINE_HOST_SYNCS"
 # lean: the replacements (the default); verl: verl's own code; deferred: lean + engine.runtime.reads
-CHOICES = ("lean", "verl", "deferred")
+CHOICES: tuple[str, ...] = get_args(HostSyncs)
 PADDING = "verl.workers.utils.padding"
 TORCH_FUNCTIONAL = "verl.utils.torch_functional"
 QWEN3_5 = "verl.models.transformers.qwen3_5"

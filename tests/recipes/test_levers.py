@@ -171,3 +171,20 @@ def test_cli_levers_expand_to_sets_in_order() -> None:
     assert "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=True" in overruled.splitlines()
     bad = render("--levers", "warp")
     assert bad.returncode == 2 and bad.stderr.startswith("error: --levers 'warp'")
+
+
+@pytest.mark.parametrize("value", ["verl", "deferred"])
+def test_host_syncs_is_a_field_the_environment_cannot_contradict(value: str) -> None:
+    """`actor.host_syncs` reaches verl's processes as ENGINE_HOST_SYNCS and moves no verl key; a recipe's
+    `env` setting that variable (or another the plan writes from a field) is refused, since the record
+    keeps the field and the run would do what the environment says."""
+    from engine.runtime import syncs
+
+    shipped = plan.compile_recipe(loader.load("qwen35_35b", "gpu"))
+    opted = plan.compile_recipe(loader.load("qwen35_35b", "gpu", [f"actor.host_syncs={value}"]))
+    assert opted.overrides == shipped.overrides and syncs.ENV not in shipped.env
+    assert {k: v for k, v in opted.env.items() if shipped.env.get(k) != v} == {syncs.ENV: value}
+    assert value in syncs.CHOICES and syncs.CHOICES[0] == "lean"
+    for name, owner in levers.FIELD_ENV.items():
+        with pytest.raises(UserError, match=f"env.{name}: written from the recipe field {owner}"):
+            plan.compile_recipe(loader.load("tiny_cpu", "cpu", [f"env.{name}={value}"]))
