@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.errors import UserError
-from engine.recipes.schema import Actor, Optim
+from engine.recipes.schema import Actor, Optim, Recipe
 
 # verl's optimizer that keeps bf16 weights and moments and writes the fp32 update back with stochastic
 # rounding (verl's build_optimizer documents it: optimizer_impl torchao.optim, _AdamW, bf16_stochastic_round).
@@ -33,6 +33,24 @@ FIELD_ENV = {
     LOGPROBS_ENV: "actor.logprobs_kernel",
     HOST_SYNCS_ENV: "actor.host_syncs",
 }
+
+
+def field_environment(r: Recipe) -> dict[str, str]:
+    """The FIELD_ENV switches the recipe's fields turn on, each read in verl's processes (engine.runtime's
+    vision, kernels and syncs); the fields at their defaults write none. A recipe's `env` may not set
+    them: the record keeps the field, and the run would do what the environment says."""
+    for name, owner in FIELD_ENV.items():
+        if name in r.env:
+            raise UserError(f"env.{name}: written from the recipe field {owner}; set {owner} instead")
+    env = {}
+    if r.model.text_only:
+        env[TEXT_ONLY_ENV] = "1"
+    if r.actor.logprobs_kernel != "chunked":
+        env[LOGPROBS_ENV] = r.actor.logprobs_kernel
+    if r.actor.host_syncs != "lean":
+        env[HOST_SYNCS_ENV] = r.actor.host_syncs
+    return env
+
 
 # name -> (recipe --set assignments, what it is for). Later names win where two set the same field.
 LEVERS: dict[str, tuple[dict[str, Any], str]] = {

@@ -19,15 +19,7 @@ from typing import Any
 
 from engine.errors import UserError
 from engine.recipes.hydra import Override
-from engine.recipes.levers import (
-    ADDED_FSDP_KEYS,
-    FIELD_ENV,
-    HOST_SYNCS_ENV,
-    LOGPROBS_ENV,
-    TEXT_ONLY_ENV,
-    fsdp_keys,
-    optimizer_keys,
-)
+from engine.recipes.levers import ADDED_FSDP_KEYS, field_environment, fsdp_keys, optimizer_keys
 from engine.recipes.models import Family, ModelSpec, lookup
 from engine.recipes.schema import Recipe
 
@@ -331,21 +323,12 @@ def _extra(r: Recipe) -> list[Override]:
 
 
 def _environment(r: Recipe) -> dict[str, str]:
-    for name, owner in FIELD_ENV.items():
-        if name in r.env:  # the record keeps the field: the environment may not say otherwise
-            raise UserError(f"env.{name}: written from the recipe field {owner}; set {owner} instead")
     env = dict(r.env)
     modules = [m for m in env.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
     if EXTERNAL_MODULE not in modules:
         modules.append(EXTERNAL_MODULE)
     env["VERL_USE_EXTERNAL_MODULES"] = ",".join(modules)
-    if r.model.text_only:  # read in every verl process by engine.runtime.vision
-        env[TEXT_ONLY_ENV] = "1"
-    if r.actor.logprobs_kernel != "chunked":  # read where engine.runtime.kernels computes log-probs
-        env[LOGPROBS_ENV] = r.actor.logprobs_kernel
-    if r.actor.host_syncs != "lean":  # read in every verl process by engine.runtime.syncs
-        env[HOST_SYNCS_ENV] = r.actor.host_syncs
-    return env
+    return env | field_environment(r)
 
 
 def compile_recipe(recipe: Recipe) -> Plan:
