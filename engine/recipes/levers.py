@@ -42,7 +42,7 @@ def field_environment(r: Recipe) -> dict[str, str]:
     for name, owner in FIELD_ENV.items():
         if name in r.env:
             raise UserError(f"env.{name}: written from the recipe field {owner}; set {owner} instead")
-    env = {}
+    env: dict[str, str] = {}
     if r.model.text_only:
         env[TEXT_ONLY_ENV] = "1"
     if r.actor.logprobs_kernel != "chunked":

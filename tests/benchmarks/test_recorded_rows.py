@@ -10,14 +10,20 @@ import pytest
 
 from benchmarks import gpu_bench
 
-RECORD = Path(__file__).resolve().parents[2] / "docs/records/h100-compiled-logprobs-2026-12-06/bench"
+RECORDS = Path(__file__).resolve().parents[2] / "docs/records"
+
+
+def rows_of(record: str, *stages: str) -> list[dict]:
+    """The rows `gpu_bench run` wrote for these stages of a record, in order."""
+    bench = RECORDS / record / "bench"
+    return [json.loads(line) for stage in stages for line in (bench / f"{stage}.jsonl").open()]
 
 
 def test_the_recorded_dense_pair_and_moe_row_against_the_trainer_targets() -> None:
     """Replays the H100 record of 2026-12-06 (compiled-logprobs): verl's dense step with every lever at
     >= 0.9x plain FSDP2 by the medians of three repeats, the lever's own effect, and the one-repeat MoE
     bf16 row with every lever at the 15% MFU mark (6 x N x tokens/s / 989 TFLOP/s)."""
-    rows = [json.loads(line) for line in (RECORD / "dense-varlen.jsonl").read_text().splitlines()]
+    rows = rows_of("h100-compiled-logprobs-2026-12-06", "dense-varlen")
     median = {(r["mode"], r["levers"]): r["tokens_per_s"] for r in gpu_bench.summarize(rows)}
     plain = median[("plain", "baseline")]
     best = median[("verl-packed", "fast+varlen-attn+text-only+compiled-logprobs")]
@@ -25,7 +31,7 @@ def test_the_recorded_dense_pair_and_moe_row_against_the_trainer_targets() -> No
     assert best / plain == pytest.approx(1.0075, abs=1e-3) and best / plain >= 0.9
     assert best / without == pytest.approx(1.188, abs=1e-3)
     assert all(r["repeat"] in (1, 2, 3) for r in rows) and len(rows) == 9
-    moe = {r["levers"]: r for r in map(json.loads, (RECORD / "moe-bf16.jsonl").read_text().splitlines())}
+    moe = {r["levers"]: r for r in rows_of("h100-compiled-logprobs-2026-12-06", "moe-bf16")}
     lean = moe["fast-bf16-reduce+bf16-sr-compiled+varlen-attn+text-only+compiled-logprobs"]
     mfu = 6 * lean["flops_params"] * lean["tokens_per_s"] / 989e12
     assert mfu == pytest.approx(lean["mfu"], abs=1e-4) and mfu == pytest.approx(0.1496, abs=1e-4)
@@ -37,9 +43,7 @@ def test_the_recorded_moe_repeats_against_the_mfu_target() -> None:
     """Replays the H100 record of 2026-12-06 (moe-lean): the fastest MoE lever set over three repeats,
     medians by gpu_bench.summarize, is at 14.8% MFU, 0.2 points short of the 15% mark (the first repeat
     ran with a cold compile cache: 10.4%), 1.88x the compiled bf16 step without the three levers."""
-    record = RECORD.parents[1] / "h100-moe-lean-2026-12-06/bench"
-    stages = ("moe-lean", "moe-base")
-    rows = [json.loads(line) for s in stages for line in (record / f"{s}.jsonl").read_text().splitlines()]
+    rows = rows_of("h100-moe-lean-2026-12-06", "moe-lean", "moe-base")
     median = {r["levers"]: r for r in gpu_bench.summarize(rows)}
     lean = median["fast-bf16-reduce+bf16-sr-compiled+varlen-attn+text-only+compiled-logprobs"]
     base = median["fast-bf16-reduce+bf16-sr-compiled"]
@@ -60,8 +64,7 @@ def test_the_recorded_lean_rows_with_their_phases() -> None:
     the MoE step goes: the device idles through `prepare` (host only: lag 0 at its end), runs ahead of
     the host in the forward and the optimizer (lag > 0), and the loss's and the clip's host reads bring
     the host to the device (lag 0); the slow first repeat is device time, not host time."""
-    record = RECORD.parents[1] / "h100-lean-phases-2026-12-07/bench"
-    rows = [json.loads(line) for s in ("moe-lean", "dense-varlen") for line in (record / f"{s}.jsonl").open()]
+    rows = rows_of("h100-lean-phases-2026-12-07", "moe-lean", "dense-varlen")
     median = {(r["mode"], r["levers"]): r for r in gpu_bench.summarize(rows)}
     lean_set = "fast-bf16-reduce+bf16-sr-compiled+varlen-attn+text-only+compiled-logprobs"
     lean = median[("verl-packed", lean_set)]
@@ -89,12 +92,11 @@ def test_the_recorded_deferred_reads_change_no_throughput() -> None:
     """Replays the H100 record of 2026-12-07 (deferred reads): with a step's host reads at its end the MoE
     and dense steps run at 0.979x and 0.996x their lean rows (medians of three, inside the repeats'
     spread), so deferral stays opt-in. The clocks say why: on the dense row (fused AdamW) the clip's read
-    leaves the backward (lag 0 -> 8-11 ms) but the step was already device-bound; the MoE row's bf16 AdamW
-    keeps verl's check (lag 0 there), and in both a read still ends the loss phase (lag 0). In the same
-    process group, verl's dense step with the reads deferred is 1.02x plain FSDP2."""
-    record = RECORD.parents[1] / "h100-deferred-2026-12-07/bench"
+    leaves the backward (lag 0 -> 8-11 ms) but had cost little; the MoE row's bf16 AdamW keeps verl's
+    check (lag 0 there), and in both the padding's lengths are still read in the loss phase (lag 0).
+    Interleaved with plain FSDP2 in one sequence, verl's dense step with the reads deferred is 1.02x it."""
     stages = ("moe-lean", "moe-deferred", "dense-lean", "dense-deferred", "dense-ratio-deferred")
-    rows = {s: [json.loads(line) for line in (record / f"{s}.jsonl").open()] for s in stages}
+    rows = {s: rows_of("h100-deferred-2026-12-07", s) for s in stages}
     median = {s: gpu_bench.summarize(r) for s, r in rows.items()}
     assert all(m["repeats"] == 3 and m["failed"] == 0 for ms in median.values() for m in ms)
     (moe_lean,), (moe_deferred,) = median["moe-lean"], median["moe-deferred"]
