@@ -19,6 +19,7 @@ from typing import Any
 from benchmarks.gpu_bench import CONFIG_KEYS, DEFAULTED_KEYS, config_key, summarize
 from engine import bounds, errors, fsutil
 from engine.errors import ArgumentParser, UserError
+from engine.recipes import levers
 
 BASELINES = Path(__file__).parent / "baselines"
 SCHEMA = "qwen35-grpo-engine/bench-baseline/1"
@@ -43,8 +44,10 @@ def read_rows(path: Path, model: str | None = None) -> list[dict[str, Any]]:
 
 def key_of(row: dict[str, Any]) -> tuple:
     """A row's configuration (benchmarks.gpu_bench.config_key): a row at a DEFAULTED_KEYS default, e.g.
-    `host_syncs` lean (what `engine run` does), matches the baselines recorded before that field existed."""
-    return config_key(row)
+    `host_syncs` lean (what `engine run` does), matches the baselines recorded before that field existed;
+    levers compare by what they set, so a bundle's row (`fast-text-bf16`) meets the baseline recorded
+    under its parts' names."""
+    return config_key(row | {"levers": levers.canonical(str(row.get("levers", "baseline")))})
 
 
 def make_baseline(rows: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:

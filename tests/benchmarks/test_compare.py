@@ -188,6 +188,20 @@ def test_rows_of_engine_runs_host_syncs_match_the_older_baselines() -> None:
         assert all(("host_syncs=verl" in line["config"]) == (host_syncs == "verl") for line in verl_rows)
 
 
+def test_a_bundles_row_meets_the_baseline_of_its_parts() -> None:
+    """`fast-text-bf16` is the lean MoE set under one name: its row compares with the baseline recorded
+    under the parts' names (levers compare by what they set); a name no lever has stays its own."""
+    record = ROOT / "docs/records/h100-lean-phases-2026-12-07/bench/moe-lean.jsonl"
+    rows = [r for r in compare.read_rows(record) if "error" not in r]
+    baselines = compare.load_baselines([compare.BASELINES / "h100-2026-12-07-lean-phases.json"])
+    renamed = [r | {"levers": "fast-text-bf16"} for r in rows]
+    lines = compare.compare(renamed, baselines, 0.05, 0.01)
+    assert {line["verdict"] for line in lines} == {"within"}
+    assert all("levers=fast-text-bf16" in line["config"] for line in lines)
+    retired = compare.compare([r | {"levers": "turbo"} for r in rows], baselines, 0.05, 0.01)
+    assert {line["verdict"] for line in retired} == {"no baseline"}
+
+
 def test_a_figure_of_another_gpu_is_no_baseline(tmp_path: Path) -> None:
     """The H200 baselines never judge an H100 run (the same configuration on slower memory would
     'regress'); the line says where the configuration was measured. A baseline is one device's rows."""
