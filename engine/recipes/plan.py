@@ -334,6 +334,7 @@ def _environment(r: Recipe) -> dict[str, str]:
 def compile_recipe(recipe: Recipe) -> Plan:
     model = lookup(recipe.model.name)
     family = model.family
+    extra = _extra(recipe)
     entries = [
         *_data(recipe),
         *_model(recipe),
@@ -342,12 +343,18 @@ def compile_recipe(recipe: Recipe) -> Plan:
         *_rollout(recipe),
         *_reward(recipe),
         *_trainer(recipe),
-        *_extra(recipe),
+        *extra,
     ]
+    fields = {e.key for e in entries[: len(entries) - len(extra)]}  # what the recipe's fields render
     seen: set[str] = set()
     for entry in entries:
         if entry.key in seen:
-            raise UserError(f"verl key '{entry.key}' is emitted twice; remove it from verl_overrides")
+            raise UserError(
+                f"verl_overrides.{entry.key}: a recipe field renders this key too (a lever's, or the "
+                "recipe's own); remove it from verl_overrides, or leave that field at its default"
+                if entry.key in fields and any(e is entry for e in extra)
+                else f"verl key '{entry.key}' is emitted twice; remove it from verl_overrides"
+            )
         seen.add(entry.key)
         try:
             entry.text  # noqa: B018 - fail here, with the key named, not in the middle of a render

@@ -194,3 +194,15 @@ def test_host_syncs_is_a_field_the_environment_cannot_contradict(value: str) -> 
     for name, owner in levers.FIELD_ENV.items():
         with pytest.raises(UserError, match=f"env.{name}: written from the recipe field {owner}"):
             plan.compile_recipe(loader.load("tiny_cpu", "cpu", [f"env.{name}={value}"]))
+
+
+def test_a_lever_and_a_recipe_override_of_one_key_are_refused_naming_both() -> None:
+    """tiny_cpu_learn computes in fp32 through its own verl_overrides entry; bf16-reduce renders the same
+    key. Either would silently win in Hydra, so the plan refuses, pointing at the override and the field;
+    an override given twice in verl_overrides (two prefixes) is told apart."""
+    learn = loader.load("tiny_cpu_learn", "cpu", levers.lever_sets(["bf16-reduce"]))
+    with pytest.raises(UserError, match=r"^verl_overrides\.actor_rollout_ref\.actor\.fsdp_config\.mixed_pre"):
+        plan.compile_recipe(learn)
+    twice = loader.load("tiny_cpu", "cpu", ["verl_overrides={+trainer.foo: 1, ++trainer.foo: 2}"])
+    with pytest.raises(UserError, match=r"verl key 'trainer\.foo' is emitted twice"):
+        plan.compile_recipe(twice)
