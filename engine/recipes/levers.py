@@ -170,11 +170,11 @@ def lever_sets(names: list[str]) -> list[str]:
 
 
 def canonical(text: str) -> str:
-    """One spelling of what a `--levers` name sets (`fast` and `fused+no-reshard` alike): the recipe
-    assignments in field order, `baseline` where none; the name itself where it is not a lever name
-    (rows recorded under a name since retired)."""
+    """One spelling of what a row's `--levers` name sets (`fast` and `fused+no-reshard` alike): the
+    recipe assignments sorted by field, `baseline` where none; the name itself where it is not a lever
+    name (rows recorded under a name since retired)."""
     try:
-        fields = lever_fields(lever_names(text.replace(",", "+")))
+        fields = lever_fields(lever_names(text))
     except UserError:
         return text
     return "+".join(f"{key}={value}" for key, value in sorted(fields.items())) or "baseline"
