@@ -334,8 +334,7 @@ def _environment(r: Recipe) -> dict[str, str]:
 def compile_recipe(recipe: Recipe) -> Plan:
     model = lookup(recipe.model.name)
     family = model.family
-    extra = _extra(recipe)
-    entries = [
+    rendered = [
         *_data(recipe),
         *_model(recipe),
         *_actor(recipe, family),
@@ -343,17 +342,19 @@ def compile_recipe(recipe: Recipe) -> Plan:
         *_rollout(recipe),
         *_reward(recipe),
         *_trainer(recipe),
-        *extra,
     ]
-    fields = {e.key for e in entries[: len(entries) - len(extra)]}  # what the recipe's fields render
+    fields = {e.key for e in rendered}
+    entries = rendered + _extra(recipe)
     seen: set[str] = set()
-    for entry in entries:
+    for i, entry in enumerate(entries):
         if entry.key in seen:
             raise UserError(
-                f"verl_overrides.{entry.key}: a recipe field renders this key too (a lever's, or the "
+                f"verl key '{entry.key}' is emitted twice by the recipe's fields; report this"
+                if i < len(rendered)
+                else f"verl_overrides.{entry.key}: a recipe field renders this key too (a lever's, or the "
                 "recipe's own); remove it from verl_overrides, or leave that field at its default"
-                if entry.key in fields and any(e is entry for e in extra)
-                else f"verl key '{entry.key}' is emitted twice; remove it from verl_overrides"
+                if entry.key in fields
+                else f"verl_overrides.{entry.key}: named twice, under different '+' prefixes; keep one"
             )
         seen.add(entry.key)
         try:
