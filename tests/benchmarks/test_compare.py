@@ -55,6 +55,19 @@ SEEDS = {  # baseline file -> (records it was made from, model tag of their rows
         None,
     ),
     "h100-2026-12-07-packing.json": (["docs/records/h100-packing-2026-12-07/bench/moe-packing.jsonl"], None),
+    "h100-2026-12-07-ragged.json": (
+        [
+            f"docs/records/h100-ragged-2026-12-07/bench/{stage}.jsonl"
+            for stage in (
+                "moe-ragged-profile",
+                "moe-full-profile",
+                "moe-packing-full",
+                "moe-ragged-sdpa",
+                "moe-full-sdpa",
+            )
+        ],
+        None,
+    ),
 }
 OLD_MOE = compare.BASELINES / "h200-2026-12-01-moe-35b-a3b-6l.json"
 OLD_DENSE = compare.BASELINES / "h200-2026-12-01-dense-0p8b.json"

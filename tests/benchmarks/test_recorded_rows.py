@@ -146,3 +146,45 @@ def test_the_recorded_packing_rows_and_conv1d_syncs() -> None:
     assert (syncs["forwarded"]["syncs"], syncs["derived"]["syncs"]) == (1, 5)
     assert syncs["forwarded"]["ms"] < syncs["derived"]["ms"]
     assert syncs["max_abs_diff"] == {"output": 0.0, "input_grad": 0.0}
+
+
+def _host_ms(profile: Path, operator: str) -> float:
+    """An operator's self CPU time (ms) in a profile's table, 0 where it does not appear."""
+    for line in profile.read_text().splitlines():
+        cells = line.split()
+        if cells[:1] == [operator]:
+            value = cells[2]
+            return float(value.removesuffix("ms")) if value.endswith("ms") else float(value[:-2]) / 1000
+    return 0.0
+
+
+def test_the_recorded_ragged_steps_against_full_ones() -> None:
+    """Replays the H100 record of 2026-12-07 (ragged): with varlen-attn a packed step of ragged responses
+    (new lengths every step) takes the time of a full one; under SDPA it takes 1.19x, because cuDNN builds
+    an attention graph for each new shape (~44 ms of host in forward and in backward, against nothing where
+    the shape repeats). Packing at full length, three interleaved repeats: 1.44x the padded row."""
+    record = RECORDS / "h100-ragged-2026-12-07" / "bench"
+    stages = ("moe-ragged-profile", "moe-full-profile", "moe-ragged-sdpa", "moe-full-sdpa")
+    step = {}
+    for stage in stages:
+        (row,) = gpu_bench.summarize(rows_of("h100-ragged-2026-12-07", stage))
+        assert row["repeats"] == 3 and row["fill"] == (0.5 if "ragged" in stage else 1.0)
+        step[stage] = row["step_ms"]
+    assert step["moe-ragged-profile"] / step["moe-full-profile"] == pytest.approx(1.0017, abs=1e-3)
+    assert step["moe-ragged-sdpa"] / step["moe-full-sdpa"] == pytest.approx(1.1936, abs=1e-3)
+    attention = {
+        stage: rows_of("h100-ragged-2026-12-07", stage)[0]["attn_implementation"] for stage in stages
+    }
+    assert attention == dict.fromkeys(stages[:2], "torch_varlen") | dict.fromkeys(stages[2:], "sdpa")
+    ragged, full = (
+        next((record / "profile" / s).glob("*.txt")) for s in ("moe-ragged-sdpa", "moe-full-sdpa")
+    )
+    for operator in ("aten::_cudnn_attention_forward", "aten::_cudnn_attention_backward"):
+        assert _host_ms(ragged, operator) > 40 > 1 > _host_ms(full, operator)
+    median = {
+        m["mode"]: m for m in gpu_bench.summarize(rows_of("h100-ragged-2026-12-07", "moe-packing-full"))
+    }
+    padded, packed = median["verl-padded"], median["verl-packed"]
+    assert padded["repeats"] == packed["repeats"] == 3
+    assert packed["tokens_per_s"] / padded["tokens_per_s"] == pytest.approx(1.4444, abs=1e-3)
+    assert padded["peak_alloc_gib"] - packed["peak_alloc_gib"] == pytest.approx(3.55, abs=1e-6)
