@@ -153,8 +153,8 @@ def _host_ms(profile: Path, operator: str) -> float:
     for line in profile.read_text().splitlines():
         cells = line.split()
         if cells[:1] == [operator]:
-            value = cells[2]
-            return float(value.removesuffix("ms")) if value.endswith("ms") else float(value[:-2]) / 1000
+            number = cells[2].rstrip("mus")
+            return float(number) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[cells[2][len(number) :]]
     return 0.0
 
 
