@@ -181,6 +181,7 @@ def test_bench_levers_runs_every_configured_stage_and_compares_it(scratch: Path)
     assert "--host-syncs deferred" in deferred and "--host-syncs" not in moe
     ragged = next(c for c in commands if "--out results/bench/moe-ragged.jsonl" in c)
     assert "--levers fast-text-bf16,fast-bf16-reduce+bf16-sr-compiled+text-only+compiled-logprobs" in ragged
+    assert ",fast-bf16-reduce+bf16-sr-compiled+text-only+compiled-logprobs+sdpa-no-cudnn " in ragged
     assert "--fill 0.5" in ragged and "--profile" not in ragged
     # the rollout stage: both rollouts on the hf recipe's data and model, the same levers, no save
     assert counts["rollout_run"] == 2 and counts["rollout_ratio"] == 1

@@ -192,8 +192,19 @@ def _levers(plan: Plan) -> list[str]:
 
 def _varlen_attention(plan: Plan) -> list[str]:
     """`torch_varlen` attends packed rows on one rank (engine.runtime.attention): it refuses padded
-    batches, and a sequence split over Ulysses or FSDP-Turbo's CP ranks would attend its shard only."""
+    batches, and a sequence split over Ulysses or FSDP-Turbo's CP ranks would attend its shard only.
+    `sdpa_no_cudnn` would be dropped unseen under FSDP-Turbo's CP, which sets eager attention."""
     r = plan.recipe
+    if (
+        r.model.attn_implementation == "sdpa_no_cudnn"
+        and r.actor.strategy == "fsdp_turbo"
+        and r.parallel.cp > 1
+    ):
+        return [
+            f"model.attn_implementation=sdpa_no_cudnn would not apply: FSDP-Turbo's context parallelism "
+            f"(parallel.cp={r.parallel.cp}) runs eager attention; set parallel.cp=1 or leave "
+            "model.attn_implementation=sdpa"
+        ]
     if r.model.attn_implementation != "torch_varlen":
         return []
     problems = []

@@ -81,6 +81,10 @@ LEVERS: dict[str, tuple[dict[str, Any], str]] = {
         {"model.attn_implementation": "torch_varlen"},
         "attention per packed sequence with torch's varlen flash kernel, not SDPA under a block mask",
     ),
+    "sdpa-no-cudnn": (
+        {"model.attn_implementation": "sdpa_no_cudnn"},
+        "SDPA under its mask without cuDNN's kernel, which builds a graph for every new packed length",
+    ),
     "text-only": (
         {"model.text_only": True},
         "text batches skip verl's placeholder pass through the vision tower (data without images)",

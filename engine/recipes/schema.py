@@ -38,7 +38,7 @@ class Model(Section):
         None,
         description="override_config.attn_implementation (verl's default: flash_attention_2); sdpa where "
         "flash-attn is absent; torch_varlen: the project's per-sequence attention for packed rows (the "
-        "varlen-attn lever)",
+        "varlen-attn lever); sdpa_no_cudnn: sdpa without cuDNN's kernel (the sdpa-no-cudnn lever)",
     )
     text_only: bool = Field(
         False,

@@ -31,7 +31,8 @@ driver and in every Ray worker that inherits the environment. Importing this mod
    its end (`engine.runtime.reads`; opt-in).
 10. names `torch_varlen` in transformers' attention registry (`engine.runtime.attention`): attention per
    packed sequence with torch's varlen flash kernel, which `model.attn_implementation` (the
-   `varlen-attn` lever) selects instead of SDPA under a block mask.
+   `varlen-attn` lever) selects instead of SDPA under a block mask; and `sdpa_no_cudnn`, SDPA without
+   cuDNN's kernel, which builds a graph for every new packed length (the `sdpa-no-cudnn` lever).
 11. puts `engine.runtime.vision` in place of verl's Qwen3.5 input embedding: with `ENGINE_TEXT_ONLY=1`
    (the `text-only` lever) a text batch skips verl's placeholder pass through the vision tower.
 

@@ -126,6 +126,14 @@ def test_shipped_recipes_pass(name: str, device: str, sets: list[str]) -> None:
             "attends packed sequences only",
         ),
         ("qwen35_35b", "gpu", ["model.attn_implementation=torch_varlen"], "without sequence parallelism"),
+        # FSDP-Turbo's CP sets eager attention: the choice would be dropped without a word
+        (
+            "qwen35_27b",
+            "gpu",
+            ["model.attn_implementation=sdpa_no_cudnn", "parallel.cp=2"],
+            "runs eager attention",
+        ),
+        ("qwen35_27b", "gpu", ["model.attn_implementation=sdpa_no_cudnn"], "#none"),
         # upstream's geo3k has images: ranks that skip the tower would wait for one that runs it
         ("qwen35_27b", "gpu", ["model.text_only=true"], "data.image_key=images says the data has images"),
         (

@@ -39,6 +39,7 @@ EXPECTED = {
         "actor_rollout_ref.actor.optim.override_optimizer_config": {"bf16_stochastic_round": True},
     },
     "varlen-attn": {"actor_rollout_ref.model.override_config.attn_implementation": "torch_varlen"},
+    "sdpa-no-cudnn": {"actor_rollout_ref.model.override_config.attn_implementation": "sdpa_no_cudnn"},
     "text-only": {},  # no verl key: the launch's environment (EXPECTED_ENV)
     "compiled-logprobs": {},
 }

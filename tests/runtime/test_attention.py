@@ -1,5 +1,6 @@
 """`torch_varlen` (engine.runtime.attention) attends each packed sequence as transformers' masked SDPA
-does, reads the boundaries once per forward, and is what verl's engine runs when the lever selects it."""
+does, reads the boundaries once per forward, and is what verl's engine runs when the lever selects it;
+`sdpa_no_cudnn` is that masked SDPA with cuDNN's kernel switched off around each call."""
 
 from __future__ import annotations
 
@@ -116,6 +117,38 @@ def test_a_padded_batch_is_refused_through_the_model() -> None:
     torch.testing.assert_close(full, model(input_ids=ids, use_cache=False).logits)  # nothing padded: no mask
 
 
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_sdpa_without_cudnn_is_sdpa_under_its_mask(moe: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each attention call gets transformers' block-diagonal mask with cuDNN's kernel off (and only
+    there): logits and gradients are SDPA's own (the same kernels on a CPU)."""
+    reference, no_cudnn = tiny_qwen35("sdpa", moe), tiny_qwen35(attention.NAME, moe)
+    no_cudnn.load_state_dict(reference.state_dict())
+    no_cudnn.set_attn_implementation(attention.NO_CUDNN)
+    assert no_cudnn.config._attn_implementation == attention.NO_CUDNN
+    calls: list[tuple[bool, bool, bool]] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def watched(*args, **kwargs):
+        backends, mask = torch.backends.cuda, kwargs.get("attn_mask")
+        calls.append((backends.cudnn_sdp_enabled(), backends.mem_efficient_sdp_enabled(), mask is not None))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", watched)
+    ids, positions = packed_row(LENGTHS)
+    outputs = []
+    for model in (reference, no_cudnn):
+        calls.clear()
+        logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+        logits.square().mean().backward()
+        outputs.append(logits)
+        on = model is reference
+        assert calls and all(call == (on, True, True) for call in calls), calls  # one full-attention layer
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after the call
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=0, atol=0)
+    for (name, want), got in zip(reference.named_parameters(), no_cudnn.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, rtol=0, atol=0, msg=name)
+
+
 ENGINE_STEP = """
 import json, sys
 from tests.support.verl_step import ppo_step, start
@@ -126,7 +159,7 @@ calls = []
 bounds = attention.sequence_bounds
 attention.sequence_bounds = lambda p: calls.append(1) or bounds(p)
 results = {}
-for levers in (["fast"], ["fast", "varlen-attn"]):
+for levers in (["fast"], ["fast", "varlen-attn"], ["fast", "sdpa-no-cudnn"]):
     calls.clear()
     engine, config = build_verl_engine(sys.argv[1], True, 2, 32, False, levers)
     out = ppo_step(engine, config)
@@ -155,6 +188,12 @@ def test_verls_packed_step_runs_it_and_trains_alike(tmp_path: Path) -> None:
     assert varlen["loss"] == pytest.approx(sdpa["loss"], rel=2e-3)
     assert varlen["grad_norm"] == pytest.approx(sdpa["grad_norm"], rel=1e-2)
     assert varlen["weights"] == pytest.approx(sdpa["weights"], rel=1e-6)
+    # the sdpa-no-cudnn lever builds the model with its name; on a CPU its kernels are sdpa's
+    no_cudnn = results["fast+sdpa-no-cudnn"]
+    assert (no_cudnn["attn"], no_cudnn["calls"]) == (attention.NO_CUDNN, 0)
+    assert {k: no_cudnn[k] for k in ("loss", "grad_norm", "weights")} == {
+        k: sdpa[k] for k in ("loss", "grad_norm", "weights")
+    }
 
 
 def test_the_gpu_check_agrees_on_the_cpu(tmp_path: Path) -> None:
