@@ -167,7 +167,7 @@ def _levers(plan: Plan) -> list[str]:
             "actor.reduce_dtype=bf16 is verl's FSDP/FSDP2 mixed precision, not validated with fsdp_turbo "
             "(its fsdp_plan has its own reduce_dtype); set actor.strategy=fsdp2 or actor.reduce_dtype=fp32"
         )
-    problems += _varlen_attention(plan)
+    problems += _attention(plan)
     model, data = plan.recipe.model, plan.recipe.data
     if model.text_only and data.image_key is not None:
         problems.append(
@@ -190,10 +190,11 @@ def _levers(plan: Plan) -> list[str]:
     return problems
 
 
-def _varlen_attention(plan: Plan) -> list[str]:
-    """`torch_varlen` attends packed rows on one rank (engine.runtime.attention): it refuses padded
-    batches, and a sequence split over Ulysses or FSDP-Turbo's CP ranks would attend its shard only.
-    `sdpa_no_cudnn` would be dropped unseen under FSDP-Turbo's CP, which sets eager attention."""
+def _attention(plan: Plan) -> list[str]:
+    """The project's attention choices (engine.runtime.attention). `torch_varlen` attends packed rows on
+    one rank: it refuses padded batches, and a sequence split over Ulysses or FSDP-Turbo's CP ranks would
+    attend its shard only. `sdpa_no_cudnn` would be dropped unseen under FSDP-Turbo's CP, which sets
+    eager attention."""
     r = plan.recipe
     if (
         r.model.attn_implementation == "sdpa_no_cudnn"
@@ -201,7 +202,7 @@ def _varlen_attention(plan: Plan) -> list[str]:
         and r.parallel.cp > 1
     ):
         return [
-            f"model.attn_implementation=sdpa_no_cudnn would not apply: FSDP-Turbo's context parallelism "
+            "model.attn_implementation=sdpa_no_cudnn would not apply: FSDP-Turbo's context parallelism "
             f"(parallel.cp={r.parallel.cp}) runs eager attention; set parallel.cp=1 or leave "
             "model.attn_implementation=sdpa"
         ]

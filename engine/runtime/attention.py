@@ -27,7 +27,8 @@ an attention it does not know, and a padded batch would run as if nothing were p
 but cuDNN's: where `torch_varlen` does not apply (a padded batch). cuDNN builds an execution graph for
 each new shape, and a GRPO batch packs to a new length every step: on one H100 (35B-A3B-6L, ragged
 4 x 2,048) each of its forward and backward held the host 43.8 ms in a step (1.19x a step of repeating
-shape). Without it, SDPA under the block mask runs torch's memory-efficient kernel, which builds nothing.
+shape). Without it, SDPA under a mask runs torch's memory-efficient kernel (flash takes no mask), a
+precompiled kernel with no per-shape graph.
 """
 
 from __future__ import annotations
