@@ -68,8 +68,12 @@ up() {
         target=$(readlink "$DEFAULT_CONF" || true)
         owner=$(dirname "${target:-/}")
         # a link this script left (a killed test) whose cluster is down may go; anything else stays
-        if [ -z "$target" ] || { grep -qs "^$MARK" "$target" && [ -n "$(running "$owner")" ]; } \
-            || { [ -e "$target" ] && ! grep -qs "^$MARK" "$target"; }; then
+        if grep -qs "^$MARK" "$target" && [ -n "$(running "$owner")" ]; then
+            echo "error: the test cluster of $owner is still running ($(running "$owner" | xargs)), left by" \
+                "an earlier run that was stopped; run 'bash ci/slurm.sh down $owner' first" >&2
+            return 3
+        fi
+        if [ -z "$target" ] || { [ -e "$target" ] && ! grep -qs "^$MARK" "$target"; }; then
             echo "error: $DEFAULT_CONF exists (${target:-a file}): this host runs a Slurm already;" \
                 "run the Slurm tests on a host without one" >&2
             return 3

@@ -180,3 +180,16 @@ def test_two_node_grpo_through_engine_cluster(slurm: Slurm, tmp_path: Path, tiny
     }
     assert leftover == ""  # every Ray process of the job stopped with it
     assert (home / ".ray" / "auth_token").read_text() == stale_token  # the job's own token, in env only
+
+
+def test_a_second_cluster_is_refused_while_a_left_one_runs(slurm: Slurm, tmp_path: Path) -> None:
+    """A cluster left up (a stopped test run) makes `up` refuse, naming its directory and the `down`
+    that stops it, before starting anything of its own."""
+    other = tmp_path / "other"
+    up = subprocess.run(
+        ["bash", str(ROOT / "ci" / "slurm.sh"), "up", str(other)], capture_output=True, text=True, timeout=60
+    )
+    assert up.returncode == 3, up.stderr
+    assert f"ci/slurm.sh down {slurm.dir}" in up.stderr and "munged" in up.stderr, up.stderr
+    assert not list(other.glob("*.pid")) and not (other / "slurm.conf").exists()
+    assert os.path.realpath("/etc/slurm/slurm.conf") == str(slurm.dir / "slurm.conf")
