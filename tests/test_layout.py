@@ -118,3 +118,13 @@ def test_imports_follow_the_flow_and_form_no_circle() -> None:
     for module in sorted(modules):
         if module not in seen:
             visit(module, [])
+
+
+def test_the_scheduling_hints_name_test_files_that_exist() -> None:
+    """tests/conftest.py's order for xdist names files: a renamed file would silently fall back to path
+    order and leave a worker idle again."""
+    from tests.conftest import LONGEST_FIRST, TINY_RUN_FILES
+
+    named = [f for f in (*TINY_RUN_FILES, *LONGEST_FIRST) if f != "tiny_cpu_run"]
+    missing = [f for f in named if not (ROOT / f).is_file()]
+    assert not missing, missing
