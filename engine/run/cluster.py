@@ -43,7 +43,7 @@ RAY_START_ENV = {"RAY_agent_register_timeout_ms": "300000"}
 # ("The current node timed out during startup", seen at load 20-30 on 2 cores) and it exits 1, having
 # stopped what it started (--block). Each node's step starts it again, twice at most; a signal (the
 # cleanup, scancel) reaches it and ends the step instead.
-RESTARTS = watch.RAY_START_ATTEMPTS - 1  # as many starts as a single-node launch gives Ray
+RESTARTS = watch.START_ATTEMPTS - 1  # as many starts as a single-node launch gives Ray
 RESTART_WRAPPER = (
     'stop() { kill "$pid" 2>/dev/null; wait "$pid"; exit 143; }; trap stop TERM INT; '
     f"for attempt in $(seq {RESTARTS + 1}); do "

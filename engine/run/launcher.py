@@ -306,12 +306,13 @@ def _attempt(args: argparse.Namespace, p: Any, out: Path) -> int:
             devices.sampling(staged.gpu_memory) if r.cluster.device == "gpu" else contextlib.nullcontext()
         )
         with terminate_as_interrupt(), sample:
-            for attempt in range(1, watch.RAY_START_ATTEMPTS + 1):
-                env = launch_env(p, out, metrics) | broken
-                code = watch.execute(verl_command(p, metrics), env, log, metrics, total)
-                if attempt == watch.RAY_START_ATTEMPTS or code == 0 or not watch.ray_start_timed_out(log):
-                    break
-                console.print("Ray's node did not come up within its fixed 30 s (overloaded?); retrying")
+            env = launch_env(p, out, metrics) | broken
+
+            def trained() -> bool:
+                return moved_on(read_metrics(metrics), layout.saved_step(checkpoints), saved_before)
+
+            command = verl_command(p, metrics)
+            code, restarts = watch.execute_with_restarts(command, env, log, metrics, total, trained)
     except BaseException:  # interrupted: publish by the same rule as a finished attempt
         logged, saved = read_metrics(metrics), layout.saved_step(checkpoints)
         publish_attempt(stage, out, moved_on(logged, saved, saved_before))
@@ -345,6 +346,7 @@ def _attempt(args: argparse.Namespace, p: Any, out: Path) -> int:
         rerun=_rerun_of(args),
         error=verdict.error,
         hardware=devices.hardware(),
+        restarts=restarts,
     )
     _write_scrubbed(staged.record, record.to_json())
     where = publish_attempt(stage, out, moved_on(rows, saved, saved_before))

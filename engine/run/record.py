@@ -75,6 +75,9 @@ class RunRecord(BaseModel):
     error: str | None = None
     # the machine the launch ran on (engine.run.devices.hardware); None in records older than the field
     hardware: dict[str, Any] | None = None
+    # verl launches of this attempt that failed at startup, before any step or checkpoint, and were
+    # started again (engine.run.watch.STARTUP_FAILURES): exit code and why, one entry each
+    restarts: list[str] = Field(default_factory=list)
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2) + "\n"

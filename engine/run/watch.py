@@ -13,6 +13,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def execute(command: list[str], env: dict[str, str], log_path: Path, metrics: Pa
     """Run verl in the working directory, tee everything to the log, print one line per logged step;
     returns the exit code."""
     metrics.unlink(missing_ok=True)
-    with log_path.open("w") as log:
+    with log_path.open("a") as log:  # a restart's console follows the failed launch's
         proc = subprocess.Popen(
             command,
             env=env,
@@ -94,12 +95,45 @@ def _copy_scrubbed(source: Any, log: Any, secrets: list[str]) -> None:
         log.flush()
 
 
-RAY_START_TIMEOUT = "The current node timed out during startup"
-RAY_START_ATTEMPTS = 3  # seen failing twice in a row on 2 cores at load average 20-28
+# Failures of verl's start that a new launch does not repeat; retried only while nothing was trained.
+STARTUP_FAILURES = {
+    # Ray gives its raylet a hard-coded 30 s to register; a saturated host can miss it.
+    "The current node timed out during startup": "Ray's node did not come up within its fixed 30 s",
+    # verl picks a rendezvous port by binding port 0 and closing it; the workers bind it again seconds
+    # later, and another process can take it meanwhile (torch's TCPStore: "address already in use").
+    "address already in use": "a port picked for a rendezvous was taken before it was bound (a port race)",
+}
+START_ATTEMPTS = 3  # Ray's start was seen failing twice in a row on 2 cores at load average 20-28
 
 
-def ray_start_timed_out(log_path: Path) -> bool:
-    """Ray gives its raylet a hard-coded 30 s to register; on a saturated host that can fail before
-    anything of the run has started, which is safe to retry."""
-    text = log_path.read_text(errors="replace")
-    return RAY_START_TIMEOUT in text and "step:" not in text
+def startup_failure(log_path: Path, offset: int = 0) -> str | None:
+    """Why the launch whose console starts at `offset` of the log failed in a way that is safe to retry."""
+    with log_path.open("rb") as log:
+        log.seek(offset)
+        text = log.read().decode(errors="replace").lower()
+    return next((why for sign, why in STARTUP_FAILURES.items() if sign.lower() in text), None)
+
+
+def execute_with_restarts(
+    command: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    metrics: Path,
+    total: int | None,
+    trained: Callable[[], bool],
+) -> tuple[int, list[str]]:
+    """`execute`, started again (START_ATTEMPTS in all) when verl failed at startup with one of
+    STARTUP_FAILURES before `trained()` saw a step or a checkpoint. Every launch's console stays in the
+    log; returns the last exit code and why each restart happened (for the run's record)."""
+    restarts: list[str] = []
+    while True:
+        offset = log_path.stat().st_size if log_path.exists() else 0
+        code = execute(command, env, log_path, metrics, total)
+        why = None if code == 0 or trained() else startup_failure(log_path, offset)
+        if why is None or len(restarts) + 1 == START_ATTEMPTS:
+            return code, restarts
+        restarts.append(f"exit {code}: {why}")
+        note = f"verl failed at startup, before training anything ({why}); starting it again"
+        console.print(note)
+        with log_path.open("a") as log:
+            log.write(f"\n[engine] {note}\n\n")

@@ -235,6 +235,63 @@ def test_execute_tees_output_and_passes_exit_code(tmp_path: Path) -> None:
     assert "hello from the trainer" in (tmp_path / "train.log").read_text()
 
 
+# torch's own words when verl's rendezvous port was taken between its pick and its bind (CI, 2026-12-07)
+PORT_RACE = (
+    "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+    "address. port: 46019, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
+)
+
+
+def launches(tmp_path: Path, fail_first: int, then: str = "") -> tuple[list[str], Path]:
+    """A command that prints the port race and exits 1 for its first `fail_first` launches, then runs
+    `then` and exits 0; each launch leaves a line in `launches.txt`."""
+    counter = tmp_path / "launches.txt"
+    script = (
+        "import json, os, sys\n"
+        f"c = {str(counter)!r}\n"
+        "n = len(open(c).read().split()) if os.path.exists(c) else 0\n"
+        "open(c, 'a').write('x\\n')\n"
+        f"if n < {fail_first}:\n"
+        f"    print({PORT_RACE!r}); sys.exit(1)\n"
+        f"{then}\n"
+    )
+    return [sys.executable, "-c", script], counter
+
+
+def test_a_port_race_at_startup_is_launched_again_and_recorded(tmp_path: Path) -> None:
+    command, counter = launches(tmp_path, fail_first=1, then="print('trained')")
+    log, metrics = tmp_path / "train.log", tmp_path / "metrics.jsonl"
+    code, restarts = watch.execute_with_restarts(command, dict(os.environ), log, metrics, 1, lambda: False)
+    assert code == 0 and len(counter.read_text().split()) == 2
+    assert restarts == ["exit 1: a port picked for a rendezvous was taken before it was bound (a port race)"]
+    text = log.read_text()  # the failed launch's console is kept ahead of the one that ran
+    assert text.index("EADDRINUSE") < text.index("starting it again") < text.index("trained")
+
+
+def test_startup_restarts_stop_at_the_limit_and_never_after_training(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    command, counter = launches(tmp_path / "a", fail_first=9)
+    log, metrics = tmp_path / "a" / "train.log", tmp_path / "a" / "metrics.jsonl"
+    code, restarts = watch.execute_with_restarts(command, dict(os.environ), log, metrics, 1, lambda: False)
+    assert code == 1 and len(restarts) == watch.START_ATTEMPTS - 1
+    assert len(counter.read_text().split()) == watch.START_ATTEMPTS
+    # the same words after a step was trained (or a checkpoint saved): that launch is not started again
+    (tmp_path / "b").mkdir()
+    command, counter = launches(tmp_path / "b", fail_first=9)
+    log, metrics = tmp_path / "b" / "train.log", tmp_path / "b" / "metrics.jsonl"
+    code, restarts = watch.execute_with_restarts(command, dict(os.environ), log, metrics, 1, lambda: True)
+    assert (code, restarts) == (1, []) and len(counter.read_text().split()) == 1
+
+
+def test_a_failure_that_is_not_a_startup_race_is_not_retried(tmp_path: Path) -> None:
+    script = "import sys; print('ValueError: model.path does not exist'); sys.exit(1)"
+    log, metrics = tmp_path / "train.log", tmp_path / "metrics.jsonl"
+    code, restarts = watch.execute_with_restarts(
+        [sys.executable, "-c", script], dict(os.environ), log, metrics, 1, lambda: False
+    )
+    assert (code, restarts) == (1, []) and log.read_text().count("model.path") == 1
+
+
 def test_measure_counts_the_whole_process_tree(tmp_path: Path) -> None:
     child = "import time; b = bytearray(200 * 2**20); time.sleep(1.5)"
     parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
