@@ -167,7 +167,7 @@ def test_bench_levers_runs_every_configured_stage_and_compares_it(scratch: Path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     counts = job_counts(proc.stdout)
     assert (
-        counts["bench_trainer"] == 7 and counts["compare_baseline"] == 7 and counts["trainer_numerics"] == 1
+        counts["bench_trainer"] == 8 and counts["compare_baseline"] == 8 and counts["trainer_numerics"] == 1
     )
     assert counts["random_model"] == 2 and counts["attention_check"] == 1
     check = next(line for line in proc.stdout.splitlines() if "benchmarks.attention_check" in line)
@@ -183,6 +183,9 @@ def test_bench_levers_runs_every_configured_stage_and_compares_it(scratch: Path)
     assert "--levers fast-text-bf16,fast-bf16-reduce+bf16-sr-compiled+text-only+compiled-logprobs" in ragged
     assert ",fast-bf16-reduce+bf16-sr-compiled+text-only+compiled-logprobs+sdpa-no-cudnn " in ragged
     assert "--fill 0.5" in ragged and "--profile" not in ragged
+    padded = next(c for c in commands if "--out results/bench/moe-padded-sdpa.jsonl" in c)
+    assert "--modes verl-padded " in padded and "compiled-logprobs+sdpa-no-cudnn " in padded
+    assert "--fill 0.5" in padded and "--profile results/bench/profile/moe-padded-sdpa" in padded
     # the rollout stage: both rollouts on the hf recipe's data and model, the same levers, no save
     assert counts["rollout_run"] == 2 and counts["rollout_ratio"] == 1
     runs = {

@@ -68,6 +68,10 @@ SEEDS = {  # baseline file -> (records it was made from, model tag of their rows
         ],
         None,
     ),
+    "h100-2026-12-08-sdpa.json": (
+        ["docs/records/h100-sdpa-2026-12-08/bench/moe-ragged-sdpa-kernels.jsonl"],
+        None,
+    ),
 }
 OLD_MOE = compare.BASELINES / "h200-2026-12-01-moe-35b-a3b-6l.json"
 OLD_DENSE = compare.BASELINES / "h200-2026-12-01-dense-0p8b.json"

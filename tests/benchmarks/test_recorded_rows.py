@@ -188,3 +188,24 @@ def test_the_recorded_ragged_steps_against_full_ones() -> None:
     assert padded["repeats"] == packed["repeats"] == 3
     assert packed["tokens_per_s"] / padded["tokens_per_s"] == pytest.approx(1.4444, abs=1e-3)
     assert padded["peak_alloc_gib"] - packed["peak_alloc_gib"] == pytest.approx(3.55, abs=1e-6)
+
+
+def test_the_recorded_sdpa_rows_with_and_without_cudnn() -> None:
+    """Replays the H100 record of 2026-12-08 (sdpa): on ragged packed MoE batches, SDPA with cuDNN's
+    kernel off (`sdpa-no-cudnn`) is 1.16x SDPA's tokens/s by the medians of three interleaved repeats,
+    the forward faster in each steady repeat and the backward within 4%; the cuDNN row's first repeat
+    met cold compile caches (1,643 ms), so its spread is 79% against 6% without cuDNN."""
+    rows = rows_of("h100-sdpa-2026-12-08", "moe-ragged-sdpa-kernels")
+    assert [r["repeat"] for r in rows] == [1, 1, 2, 2, 3, 3] and {r["fill"] for r in rows} == {0.5}
+    assert [r["attn_implementation"] for r in rows] == ["sdpa", "sdpa_no_cudnn"] * 3
+    median = {m["levers"].endswith("+sdpa-no-cudnn"): m for m in gpu_bench.summarize(rows)}
+    cudnn, no_cudnn = median[False], median[True]
+    assert no_cudnn["tokens_per_s"] / cudnn["tokens_per_s"] == pytest.approx(1.1569, abs=1e-3)
+    assert (cudnn["spread"], no_cudnn["spread"]) == pytest.approx((0.787, 0.0633), abs=1e-3)
+    assert no_cudnn["peak_alloc_gib"] < cudnn["peak_alloc_gib"]
+    for with_cudnn, without in zip(rows[2::2], rows[3::2], strict=True):  # the steady repeats, paired
+        phase = {
+            name: without["phases"][name]["device_ms"] / with_cudnn["phases"][name]["device_ms"]
+            for name in ("forward", "backward")
+        }
+        assert phase["forward"] < 0.85 and phase["backward"] == pytest.approx(1.0, abs=0.05)
