@@ -229,6 +229,8 @@ def _report(verdict: Verdict, record: RunRecord, out: Path, where: Path) -> None
     if verdict.gates_over == EARLIER_ATTEMPT:
         console.print(f"the gates judged {EARLIER_ATTEMPT} ({rundir.METRICS} of {out})", style="dim")
     control = verdict.control
+    for restart in record.restarts:  # visible at the end too, not only where it happened in the console
+        console.print(f"verl was started again after a failed start ({restart})", style="yellow")
     if record.exit_code != 0:
         tail = RunDir(where).log.read_text(errors="replace").splitlines()[-25:]
         console.print("\n".join(tail), markup=False, style="dim")

@@ -283,6 +283,27 @@ def test_startup_restarts_stop_at_the_limit_and_never_after_training(tmp_path: P
     assert (code, restarts) == (1, []) and len(counter.read_text().split()) == 1
 
 
+def test_a_launch_started_again_says_so_in_its_record_and_closing_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """`engine run` end to end with verl's command swapped for one that loses the port race once and then
+    fails for another reason: run.json lists the restart and the closing lines repeat it."""
+    command, _ = launches(tmp_path, fail_first=1, then="print('ValueError: something else'); sys.exit(2)")
+    monkeypatch.setattr(launcher, "verl_command", lambda p, metrics: command)
+    data = tmp_path / "data.parquet"
+    data.write_bytes(b"PAR1")
+    run = tmp_path / "run"
+    sets = [f"model.path={model_dir(tmp_path)}", f"data.train_files={data}", f"data.val_files={data}"]
+    argv = ["run", "tiny_cpu", "--device", "cpu", "--out", str(run)] + [a for s in sets for a in ("--set", s)]
+    assert main(argv) == 2
+    written = record.RunRecord.read(rundir.RunDir(run).record)
+    assert written.exit_code == 2 and len(written.restarts) == 1 and "port race" in written.restarts[0]
+    out = capsys.readouterr().out
+    assert "verl was started again after a failed start (exit 1: " in out
+    log = rundir.RunDir(run).log.read_text()
+    assert log.index("EADDRINUSE") < log.index("something else")
+
+
 def test_a_failure_that_is_not_a_startup_race_is_not_retried(tmp_path: Path) -> None:
     script = "import sys; print('ValueError: model.path does not exist'); sys.exit(1)"
     log, metrics = tmp_path / "train.log", tmp_path / "metrics.jsonl"
