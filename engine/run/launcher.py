@@ -302,6 +302,10 @@ def _attempt(args: argparse.Namespace, p: Any, out: Path) -> int:
     console.print(f"[bold]{r.name}[/bold] on {r.cluster.device} x{p.world_size}: log {log} (live)")
     checkpoints = Path(p.value("trainer.default_local_dir"))
     saved_before = layout.saved_step(checkpoints)
+
+    def trained() -> bool:  # whether this attempt moved the run on, so far
+        return moved_on(read_metrics(metrics), layout.saved_step(checkpoints), saved_before)
+
     started, t0 = _now(), time.monotonic()
     try:
         sample = (
@@ -309,15 +313,10 @@ def _attempt(args: argparse.Namespace, p: Any, out: Path) -> int:
         )
         with terminate_as_interrupt(), sample:
             env = launch_env(p, out, metrics) | broken
-
-            def trained() -> bool:
-                return moved_on(read_metrics(metrics), layout.saved_step(checkpoints), saved_before)
-
             command = verl_command(p, metrics)
             code, restarts = watch.execute_with_restarts(command, env, log, metrics, total, trained)
     except BaseException:  # interrupted: publish by the same rule as a finished attempt
-        logged, saved = read_metrics(metrics), layout.saved_step(checkpoints)
-        publish_attempt(stage, out, moved_on(logged, saved, saved_before))
+        publish_attempt(stage, out, trained())
         raise
     rows = read_metrics(metrics)
     saved = layout.saved_step(checkpoints)

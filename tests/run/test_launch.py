@@ -247,7 +247,7 @@ def launches(tmp_path: Path, fail_first: int, then: str = "") -> tuple[list[str]
     `then` and exits 0; each launch leaves a line in `launches.txt`."""
     counter = tmp_path / "launches.txt"
     script = (
-        "import json, os, sys\n"
+        "import os, sys\n"
         f"c = {str(counter)!r}\n"
         "n = len(open(c).read().split()) if os.path.exists(c) else 0\n"
         "open(c, 'a').write('x\\n')\n"
