@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -151,6 +152,28 @@ def test_lock_entries_are_well_formed(stack: str) -> None:
         for name, block in lock.lock_blocks(text).items():
             hashes = re.findall(r"--hash=(\S+)", block)
             assert hashes and all(re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in hashes), name
+
+
+def test_sbom_lists_every_locked_package_with_its_hashes(tmp_path: Path) -> None:
+    """The image's CycloneDX SBOM (containers/build.py, after a build) from the GPU lock: each locked
+    package at its locked version, with the lock's file hashes."""
+    entry = next(e for e in PINS["stacks"]["gpu"]["locks"] if e["status"] == "resolved")
+    text = (ROOT / entry["path"]).read_text()
+    sbom = json.loads(build.write_sbom("gpu", entry["path"], tmp_path).read_text())
+    assert sbom["bomFormat"] == "CycloneDX" and sbom["specVersion"] == "1.6"
+    listed = {str(canonicalize_name(c["name"])): c["version"] for c in sbom["components"]}
+    assert listed == lock.parse_lock(text)
+    for component in sbom["components"]:
+        name = str(canonicalize_name(component["name"]))
+        hashes = {f"sha256:{h['content']}" for ref in component["externalReferences"] for h in ref["hashes"]}
+        assert hashes == set(re.findall(r"--hash=(\S+)", lock.lock_blocks(text)[name])), name
+
+
+def test_the_sbom_tools_validation_stack_stays_out_of_the_project_environment() -> None:
+    """cyclonedx-bom has its own environment (ci/bootstrap.sh): its validation extra brings rfc3987-syntax,
+    which jsonschema imports and which builds a grammar at import, in every process that imports Ray."""
+    for module in ("cyclonedx", "rfc3987_syntax"):
+        assert importlib.util.find_spec(module) is None, f"{module} is in the project environment"
 
 
 @pytest.mark.slow
