@@ -171,11 +171,23 @@ def build_command(
     return [*cmd, str(ROOT)]
 
 
+def sbom_tool() -> str:
+    """cyclonedx-py, next to this interpreter (a checkout's .venv links it there) or on PATH; looked up
+    before a build, so a missing tool does not surface after an hour of building."""
+    tool = shutil.which("cyclonedx-py", path=str(Path(sys.executable).parent)) or shutil.which("cyclonedx-py")
+    if tool is None:
+        raise UserError(
+            "cyclonedx-py (the image SBOM) not found: run `bash ci/bootstrap.sh` in the checkout, or "
+            "`pip install cyclonedx-bom==7.5.0` (its own environment; docs/guide/install.md)"
+        )
+    return tool
+
+
 def write_sbom(stack: str, lock_file: str, out_dir: Path) -> Path:
     """CycloneDX SBOM of the image's Python layer, from its hashed lock."""
+    tool = sbom_tool()
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{stack}.cdx.json"
-    tool = shutil.which("cyclonedx-py", path=str(Path(sys.executable).parent)) or "cyclonedx-py"
     subprocess.run([tool, "requirements", str(ROOT / lock_file), "-o", str(target)], check=True)
     return target
 
@@ -207,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             hint = f"did you mean {close[0]}?" if close else f"{section['dockerfile']} declares no such ARG"
             raise UserError(f"--build-arg {key}: unknown build argument; {hint}")
         overrides[key] = value
+    if not args.dry_run:
+        sbom_tool()
     missing = unresolved(args.stack, pins)
     if missing and not args.allow_unresolved:
         more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""

@@ -169,6 +169,15 @@ def test_sbom_lists_every_locked_package_with_its_hashes(tmp_path: Path) -> None
         assert hashes == set(re.findall(r"--hash=(\S+)", lock.lock_blocks(text)[name])), name
 
 
+def test_a_build_without_the_sbom_tool_is_refused_before_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build.shutil, "which", lambda *args, **kwargs: None)
+    started = []
+    monkeypatch.setattr(build.subprocess, "run", lambda *args, **kwargs: started.append(args))
+    with pytest.raises(build.UserError, match=r"cyclonedx-py \(the image SBOM\) not found"):
+        build.main(["gpu", "--allow-unresolved"])
+    assert not started  # neither docker info nor a build ran
+
+
 def test_the_sbom_tools_validation_stack_stays_out_of_the_project_environment() -> None:
     """cyclonedx-bom has its own environment (ci/bootstrap.sh): its validation extra brings rfc3987-syntax,
     which jsonschema imports and which builds a grammar at import, in every process that imports Ray."""
