@@ -15,6 +15,7 @@ import os
 import time
 from typing import Any
 
+from benchmarks.devices import add_device_argument, chosen_device
 from engine import errors
 from engine.errors import ArgumentParser, UserError
 from engine.recipes.levers import LOGPROBS_ENV
@@ -76,15 +77,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rows", type=int, default=8192, help="tokens of the micro-batch")
     parser.add_argument("--vocab", type=int, default=248320)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    add_device_argument(parser)
     args = parser.parse_args(argv)
     if min(args.rows, args.vocab, args.repeats) < 1:
         raise UserError("--rows, --vocab and --repeats are counts: give each >= 1")
-    import torch
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA GPU here; leave --device out or pass --device cpu")
+    device = chosen_device(args.device)
     print(json.dumps(measure(args.rows, args.vocab, args.repeats, device)))
     return 0
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 
+from benchmarks.devices import add_device_argument, chosen_device
 from engine import errors
 from engine.errors import ArgumentParser, UserError
 
@@ -78,15 +79,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tensors", type=int, default=261)
     parser.add_argument("--numel", type=int, default=261 * 256, help="elements over all tensors")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    add_device_argument(parser)
     args = parser.parse_args(argv)
     if min(args.tensors, args.numel, args.steps) < 1:
         raise UserError("--tensors, --numel and --steps are counts: give each >= 1")
-    import torch
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA GPU here; leave --device out or pass --device cpu")
+    device = chosen_device(args.device)
     print(json.dumps(measure(args.tensors, args.numel, args.steps, device)))
     return 0
 
