@@ -20,8 +20,7 @@ if ! { [ -x .venv/bin/python ] && cmp -s ci/constraints-cpu.txt "$stamp" && cmp 
     .venv/bin/pip install "${pip_args[@]}" -q -c ci/constraints-cpu.txt -e '.[verl,workflow,dev,levers]'
     # cyclonedx-py (the image SBOM, containers/build.py) in an environment of its own, linked into
     # .venv/bin: its validation extra brings rfc3987-syntax, whose import builds a grammar (~1.3 s), and
-    # jsonschema imports it in every process that imports Ray. A 1-step tiny_cpu run took 75-82 s with it
-    # in .venv and 56-57 s without (docs/reference/performance.md#ci-cost).
+    # jsonschema imports it in every process that imports Ray (docs/reference/performance.md#ci-cost)
     python3 -m venv .venv/tools/cyclonedx
     .venv/tools/cyclonedx/bin/pip install "${pip_args[@]}" -q -c ci/constraints-cpu.txt cyclonedx-bom
     ln -sf ../tools/cyclonedx/bin/cyclonedx-py .venv/bin/cyclonedx-py

@@ -178,14 +178,13 @@ def sbom_tool() -> str:
     if tool is None:
         raise UserError(
             "cyclonedx-py (the image SBOM) not found: run `bash ci/bootstrap.sh` in the checkout, or "
-            "`pip install cyclonedx-bom==7.5.0` (its own environment; docs/guide/install.md)"
+            "`uv tool install -c ci/constraints-cpu.txt cyclonedx-bom` (docs/guide/install.md)"
         )
     return tool
 
 
-def write_sbom(stack: str, lock_file: str, out_dir: Path) -> Path:
-    """CycloneDX SBOM of the image's Python layer, from its hashed lock."""
-    tool = sbom_tool()
+def write_sbom(tool: str, stack: str, lock_file: str, out_dir: Path) -> Path:
+    """CycloneDX SBOM of the image's Python layer, from its hashed lock, by `tool` (sbom_tool())."""
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{stack}.cdx.json"
     subprocess.run([tool, "requirements", str(ROOT / lock_file), "-o", str(target)], check=True)
@@ -219,8 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             hint = f"did you mean {close[0]}?" if close else f"{section['dockerfile']} declares no such ARG"
             raise UserError(f"--build-arg {key}: unknown build argument; {hint}")
         overrides[key] = value
-    if not args.dry_run:
-        sbom_tool()
+    sbom = None if args.dry_run else sbom_tool()
     missing = unresolved(args.stack, pins)
     if missing and not args.allow_unresolved:
         more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
@@ -241,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.push and tool != "docker":
         for tag in image_tags:
             subprocess.run([tool, "push", tag], check=True)
-    print(f"build: SBOM {write_sbom(args.stack, bargs['LOCK_FILE'], OUT_DIR / 'sbom')}")
+    assert sbom is not None  # a dry run returned above
+    print(f"build: SBOM {write_sbom(sbom, args.stack, bargs['LOCK_FILE'], OUT_DIR / 'sbom')}")
     return 0
 
 

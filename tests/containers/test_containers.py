@@ -159,7 +159,7 @@ def test_sbom_lists_every_locked_package_with_its_hashes(tmp_path: Path) -> None
     package at its locked version, with the lock's file hashes."""
     entry = next(e for e in PINS["stacks"]["gpu"]["locks"] if e["status"] == "resolved")
     text = (ROOT / entry["path"]).read_text()
-    sbom = json.loads(build.write_sbom("gpu", entry["path"], tmp_path).read_text())
+    sbom = json.loads(build.write_sbom(build.sbom_tool(), "gpu", entry["path"], tmp_path).read_text())
     assert sbom["bomFormat"] == "CycloneDX" and sbom["specVersion"] == "1.6"
     listed = {str(canonicalize_name(c["name"])): c["version"] for c in sbom["components"]}
     assert listed == lock.parse_lock(text)
